@@ -1,0 +1,56 @@
+# CommInsight: one entry point for set-up, running and testing.
+#   make run    set up everything, then start the site (embedded defaults unless configured)
+#   make test   set up everything, then run every test against PostgreSQL and Redis
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+# Tests run against the real services on 127.0.0.1 unless the caller points elsewhere.
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/comminsight
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+
+.PHONY: setup venv frontend profiler run test lint test-python test-native chromium clean
+
+setup: venv profiler frontend
+
+$(VENV)/.installed: requirements/base.txt requirements/dev.txt requirements/prod.txt agent/pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements/dev.txt
+	$(PIP) install -q -e ./agent
+	touch $@
+
+venv: $(VENV)/.installed
+
+profiler:
+	$(MAKE) -C native/profiler
+
+frontend:
+	@if [ -f frontend/package.json ]; then \
+	  cd frontend && { [ -d node_modules ] && [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund; } && npm run build; \
+	fi
+
+run: setup
+	$(PY) manage.py serve
+
+chromium:
+	@command -v /usr/bin/chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+test-native: profiler
+	$(MAKE) -C native/profiler check
+
+test-python: setup chromium
+	bash scripts/ensure-services.sh
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
+	  $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+test: lint test-native test-python
+
+clean:
+	$(MAKE) -C native/profiler clean
+	rm -rf $(VENV) frontend/node_modules frontend/dist
