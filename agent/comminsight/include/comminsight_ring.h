@@ -1,0 +1,1 @@
+../../../native/profiler/include/comminsight_ring.h
