@@ -28,9 +28,15 @@ OPS = (
     "coalesced",
     "compute",
     "other",
+    "progress",
 )
 # "compute" rows carry non-communication spans (forward/backward/optimizer) when a source has
 # them, e.g. per-operation tables; analyses that only need communication filter them out.
+# "progress" rows are not operations but watermarks a source reported about a sequence
+# ("this rank has completed everything up to seq N on this communicator", e.g. Flight
+# Recorder's pg_status); their state says which watermark. Only progress/hang analyses use
+# them; everything else should drop them (see PROGRESS_OP).
+PROGRESS_OP = "progress"
 
 # Lifecycle states, in order of progress.
 STATES = ("scheduled", "enqueued", "started", "completed", "abandoned")

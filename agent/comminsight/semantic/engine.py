@@ -1,0 +1,394 @@
+"""The semantic engine: recover training steps from each rank's communication sequence.
+
+Per rank, events (communication only, in time order) become signatures; the rank's first
+``warmup`` events choose the method (the best-fitting template, else period detection), then a
+two-state machine (see comminsight.semantic.templates) marks where steps open. Everything is
+numpy over arrays of codes: a chunk costs a few vectorised passes, never a Python object per
+event.
+
+Streaming: ``StepEngine.feed(chunk)`` takes events in any chunking (each rank's events in time
+order across chunks) and returns what became certain: per-event step ids and the step summaries
+that are now final. State is bounded (the warm-up buffer, the current unconfirmed run, the
+open steps of the stable window) and ``checkpoint()`` serialises it after any chunk;
+``StepEngine.resume(blob)`` continues exactly as if there had been no stop. A step is final
+once ``window`` later steps have opened on that rank (or at ``flush()``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+from comminsight.semantic.period import detect_period
+from comminsight.semantic.roles import N_SIGNATURES, ROLES
+from comminsight.semantic.templates import END, NEUTRAL, START, Template, builtin_templates
+
+CHECKPOINT_VERSION = 1
+MAX_CHECKPOINT_BYTES = 256 << 20
+MAX_PENDING = 1 << 16  # events held while a run is undecided; beyond this they are assigned as is
+N_ROLES = len(ROLES)
+_FIELDS = ("row", "sig", "role", "start_ns", "end_ns", "wait_ns")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed; the message says why."""
+
+
+@cache
+def _tables(template: Template) -> tuple[np.ndarray, np.ndarray]:
+    return template.tables()
+
+
+def _period_classes(anchor: int) -> np.ndarray:
+    # Every other signature ends the previous step, so each anchor occurrence opens one.
+    cls = np.full(N_SIGNATURES, END, dtype=np.int8)
+    cls[anchor] = START
+    return cls
+
+
+def find_starts(cls: np.ndarray, min_run: int, after_end: bool) -> tuple[np.ndarray, int, bool]:
+    """Positions (into ``cls``) where steps open; also where undecided events begin and the state there.
+
+    ``cls`` holds each event's class (NEUTRAL/START/END); ``after_end`` is the state before the
+    first event (True at the start of a trace). Returns (starts, hold_from, after_end_at_hold).
+    """
+    n = len(cls)
+    idx = np.flatnonzero(cls != NEUTRAL)
+    if idx.size == 0:
+        return np.empty(0, np.int64), n, after_end
+    c = cls[idx]
+    is_start = c == START
+    prev = np.empty_like(c)
+    prev[0] = END if after_end else START
+    prev[1:] = c[:-1]
+    run_begin = np.flatnonzero(is_start & (prev != START))
+    preceded_by_end = np.ones(run_begin.size, dtype=bool)
+    inner = run_begin > 0
+    preceded_by_end[inner] = c[run_begin[inner] - 1] == END
+    if run_begin.size and run_begin[0] == 0:
+        preceded_by_end[0] = after_end
+    # Run lengths: distance to the next non-start class (or the end).
+    non_start = np.flatnonzero(~is_start)
+    nxt = np.searchsorted(non_start, run_begin)
+    run_end = np.where(nxt < non_start.size, non_start[np.minimum(nxt, max(non_start.size - 1, 0))], c.size)
+    if non_start.size == 0:
+        run_end = np.full(run_begin.size, c.size)
+    length = run_end - run_begin
+    ok = preceded_by_end & (length >= min_run)
+    starts = idx[run_begin[ok]]
+    hold_from = n
+    if run_begin.size:
+        last = run_begin.size - 1
+        if preceded_by_end[last] and run_end[last] == c.size and length[last] < min_run:
+            hold_from = int(idx[run_begin[last]])
+    # State just before hold_from: the last non-neutral class before it.
+    before = idx[idx < hold_from]
+    state = after_end if before.size == 0 else bool(cls[before[-1]] == END)
+    return starts.astype(np.int64), hold_from, state
+
+
+@dataclass
+class _Rank:
+    """What the engine remembers about one rank between chunks."""
+
+    method: str | None = None  # template name, "period", or "none"
+    anchor: int = -1  # period anchor signature
+    after_end: bool = True
+    step: int = -1  # the step now open on this rank (-1: none yet)
+    buffer: dict[str, np.ndarray] | None = None  # warm-up events, then the undecided tail
+    open_steps: dict[int, list] | None = None  # step -> [start, last_end, n, wait, comm per role...]
+
+    def empty_buffer(self) -> dict[str, np.ndarray]:
+        return {f: np.empty(0, np.int64) for f in _FIELDS}
+
+
+def _cat(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {f: np.concatenate((a[f], b[f])) for f in _FIELDS}
+
+
+def _take(a: dict[str, np.ndarray], sl: slice) -> dict[str, np.ndarray]:
+    return {f: a[f][sl] for f in _FIELDS}
+
+
+class StepEngine:
+    """Streaming, resumable step recovery over prepared event chunks (see module doc).
+
+    A chunk is a mapping of equal-length int64 numpy arrays: ``rank``, ``row`` (the caller's
+    event id, echoed back), ``sig`` and ``role`` (comminsight.semantic.roles), ``start_ns``,
+    ``end_ns`` and optionally ``wait_ns`` (exposed waiting inside the operation).
+    """
+
+    def __init__(
+        self,
+        templates: list[Template] | None = None,
+        warmup: int = 4096,
+        window: int = 2,
+        min_fit: float = 0.6,
+        use_templates: bool = True,
+    ) -> None:
+        self.templates = list(templates) if templates is not None else builtin_templates()
+        if not use_templates:
+            self.templates = []
+        self.warmup = int(warmup)
+        self.window = max(1, int(window))
+        self.min_fit = float(min_fit)
+        self.ranks: dict[int, _Rank] = {}
+
+    # ----------------------------------------------------------------- choosing a method
+    def _fit(self, template: Template, sig: np.ndarray) -> float:
+        cls, tok = _tables(template)
+        present = set(np.unique(tok[sig]).tolist()) - {-1}
+        names = [t.name for t in template.tokens]
+        have = {names[i] for i in present}
+        if any(r not in have for r in template.requires):
+            return 0.0
+        if template.requires_any and not any(r in have for r in template.requires_any):
+            return 0.0
+        starts, _, _ = find_starts(cls[sig], template.min_run, True)
+        if starts.size < 3:
+            return 0.0
+        lengths = np.diff(starts)
+        mode_share = np.bincount(lengths).max() / lengths.size
+        coverage = (len(sig) - starts[0]) / len(sig)
+        return float(coverage * mode_share)
+
+    def _decide(self, state: _Rank, ev: dict[str, np.ndarray]) -> None:
+        sig = ev["sig"]
+        best, best_score = None, self.min_fit
+        for template in self.templates:
+            score = self._fit(template, sig)
+            if score > best_score + 1e-9:
+                best, best_score = template, score
+        if best is not None:
+            state.method = best.name
+            return
+        found = detect_period(sig, ev["start_ns"], ev["end_ns"])
+        if found is None or found.period < 2:
+            state.method = "none"
+        else:
+            state.method, state.anchor = "period", found.anchor
+
+    def _classes(self, state: _Rank) -> tuple[np.ndarray, int]:
+        if state.method == "period":
+            return _period_classes(state.anchor), 1
+        for template in self.templates:
+            if template.name == state.method:
+                return _tables(template)[0], template.min_run
+        raise CheckpointError(f"template {state.method!r} is not loaded in this engine")
+
+    # ----------------------------------------------------------------- feeding
+    def feed(self, chunk: dict[str, np.ndarray]) -> dict[str, object]:
+        """Consume one chunk; return ``{"rows", "steps", "final"}`` that became certain.
+
+        rows/steps: event ids and their step ids (-1 before the first step); final: list of
+        per-rank step summaries (dicts) now final.
+        """
+        n = len(chunk["rank"])
+        ev_all = {f: np.asarray(chunk[f], dtype=np.int64) for f in _FIELDS if f in chunk}
+        if "wait_ns" not in ev_all:
+            ev_all["wait_ns"] = np.zeros(n, np.int64)
+        rank = np.asarray(chunk["rank"], dtype=np.int64)
+        order = np.argsort(rank, kind="stable") if n and np.any(np.diff(rank) < 0) else None
+        if order is not None:
+            rank = rank[order]
+            ev_all = {f: v[order] for f, v in ev_all.items()}
+        out_rows, out_steps, final = [], [], []
+        if n:
+            cuts = np.flatnonzero(np.diff(rank)) + 1
+            bounds = np.concatenate(([0], cuts, [n]))
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+                r = int(rank[lo])
+                rows, steps, fin = self._feed_rank(r, _take(ev_all, slice(lo, hi)), flush=False)
+                out_rows.append(rows)
+                out_steps.append(steps)
+                final.extend(fin)
+        return self._result(out_rows, out_steps, final)
+
+    def flush(self) -> dict[str, object]:
+        """End of input: decide every rank still warming up and finalise every open step."""
+        out_rows, out_steps, final = [], [], []
+        for r in sorted(self.ranks):
+            state = self.ranks[r]
+            rows, steps, fin = self._feed_rank(r, state.empty_buffer(), flush=True)
+            out_rows.append(rows)
+            out_steps.append(steps)
+            final.extend(fin)
+        return self._result(out_rows, out_steps, final)
+
+    @staticmethod
+    def _result(rows: list, steps: list, final: list) -> dict[str, object]:
+        return {
+            "rows": np.concatenate(rows) if rows else np.empty(0, np.int64),
+            "steps": np.concatenate(steps) if steps else np.empty(0, np.int64),
+            "final": final,
+        }
+
+    def _feed_rank(self, r: int, ev: dict[str, np.ndarray], flush: bool) -> tuple[np.ndarray, np.ndarray, list]:
+        state = self.ranks.get(r)
+        if state is None:
+            state = self.ranks[r] = _Rank(buffer=None, open_steps={})
+        if state.buffer is not None and len(state.buffer["row"]):
+            ev = _cat(state.buffer, ev)
+        state.buffer = None
+        if state.method is None:
+            if len(ev["row"]) < self.warmup and not flush:
+                state.buffer = ev
+                return np.empty(0, np.int64), np.empty(0, np.int64), []
+            self._decide(state, _take(ev, slice(0, self.warmup)))
+        if state.method == "none":
+            return ev["row"], np.full(len(ev["row"]), -1, np.int64), []
+        cls_table, min_run = self._classes(state)
+        cls = cls_table[ev["sig"]]
+        starts, hold_from, after_end = find_starts(cls, min_run, state.after_end)
+        if hold_from < len(ev["row"]) and (flush or len(ev["row"]) - hold_from > MAX_PENDING):
+            # End of input (or a run held too long): the undecided run is just part of the open step.
+            marked = np.flatnonzero(cls != NEUTRAL)
+            after_end = bool(cls[marked[-1]] == END) if marked.size else state.after_end
+            hold_from = len(ev["row"])
+        if hold_from < len(ev["row"]):
+            state.buffer = _take(ev, slice(hold_from, None))
+            ev = _take(ev, slice(0, hold_from))
+        state.after_end = after_end
+        m = len(ev["row"])
+        base = state.step
+        step = base + np.searchsorted(starts, np.arange(m), side="right")
+        self._accumulate(state, ev, step, starts, base)
+        final = self._finalise(r, state, flush)
+        return ev["row"], step, final
+
+    def _accumulate(self, state: _Rank, ev: dict[str, np.ndarray], step: np.ndarray, starts: np.ndarray, base: int) -> None:
+        m = len(step)
+        if m == 0:
+            return
+        assert state.open_steps is not None
+        k = step - base  # 0 = the step already open, 1.. = steps opened in this batch
+        nk = int(k.max()) + 1
+        n_ev = np.bincount(k, minlength=nk)
+        wait = np.bincount(k, weights=ev["wait_ns"], minlength=nk)
+        dur = (ev["end_ns"] - ev["start_ns"]).astype(np.float64)
+        comm = np.bincount(k * N_ROLES + ev["role"], weights=dur, minlength=nk * N_ROLES).reshape(nk, N_ROLES)
+        last_end = np.full(nk, np.iinfo(np.int64).min)
+        np.maximum.at(last_end, k, ev["end_ns"])
+        first_start = np.full(nk, -1, np.int64)
+        if starts.size:
+            first_start[1 : 1 + starts.size] = ev["start_ns"][starts]
+        for j in range(nk):  # one iteration per step, not per event
+            if n_ev[j] == 0 and j == 0:
+                continue
+            s = base + j
+            if s < 0:
+                continue  # events before the first step opens belong to no step
+            acc = state.open_steps.get(s)
+            if acc is None:
+                acc = state.open_steps[s] = [int(first_start[j]), int(last_end[j]), 0, 0, [0] * N_ROLES]
+            acc[1] = max(acc[1], int(last_end[j]))
+            acc[2] += int(n_ev[j])
+            acc[3] += int(wait[j])
+            acc[4] = [a + int(b) for a, b in zip(acc[4], comm[j], strict=True)]
+        state.step = base + int(starts.size)
+
+    def _finalise(self, r: int, state: _Rank, flush: bool) -> list[dict]:
+        assert state.open_steps is not None
+        done = []
+        for s in sorted(state.open_steps):
+            if not flush and s > state.step - self.window:
+                break
+            acc = state.open_steps.pop(s)
+            nxt = state.open_steps.get(s + 1)
+            end = nxt[0] if nxt is not None else acc[1]
+            done.append(
+                {
+                    "rank": r,
+                    "step": s,
+                    "start_ns": acc[0],
+                    "end_ns": end,
+                    "last_op_end_ns": acc[1],
+                    "n_ops": acc[2],
+                    "wait_ns": acc[3],
+                    "comm_ns": {ROLES[i]: v for i, v in enumerate(acc[4]) if v},
+                    "method": state.method,
+                }
+            )
+        return done
+
+    # ----------------------------------------------------------------- checkpoints
+    def checkpoint(self) -> bytes:
+        """The engine's whole state as bytes (JSON); resume with ``StepEngine.resume``."""
+        ranks = {}
+        for r, st in self.ranks.items():
+            ranks[str(r)] = {
+                "method": st.method,
+                "anchor": st.anchor,
+                "after_end": st.after_end,
+                "step": st.step,
+                "buffer": None
+                if st.buffer is None
+                else {f: base64.b64encode(st.buffer[f].astype("<i8").tobytes()).decode() for f in _FIELDS},
+                "open_steps": {str(s): v for s, v in (st.open_steps or {}).items()},
+            }
+        doc = {
+            "version": CHECKPOINT_VERSION,
+            "templates": [t.name for t in self.templates],
+            "warmup": self.warmup,
+            "window": self.window,
+            "min_fit": self.min_fit,
+            "ranks": ranks,
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def resume(cls, blob: bytes, templates: list[Template] | None = None) -> StepEngine:
+        """An engine continuing from ``checkpoint()`` output; ``templates`` must include those it used."""
+        if len(blob) > MAX_CHECKPOINT_BYTES:
+            raise CheckpointError("checkpoint is larger than the limit")
+        try:
+            doc = json.loads(blob)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"checkpoint is not JSON: {exc}") from exc
+        if not isinstance(doc, dict) or doc.get("version") != CHECKPOINT_VERSION:
+            raise CheckpointError(f"checkpoint version is not {CHECKPOINT_VERSION}")
+        try:
+            engine = cls(
+                templates=templates, warmup=int(doc["warmup"]), window=int(doc["window"]), min_fit=float(doc["min_fit"])
+            )
+            known = {t.name for t in engine.templates}
+            missing = [n for n in doc["templates"] if n not in known]
+            if missing:
+                raise CheckpointError(f"checkpoint used templates that are not loaded: {missing}")
+            engine.templates = [t for t in engine.templates if t.name in set(doc["templates"])]
+            for key, st in doc["ranks"].items():
+                buf = None
+                if st["buffer"] is not None:
+                    buf = {f: np.frombuffer(base64.b64decode(st["buffer"][f], validate=True), "<i8").astype(np.int64) for f in _FIELDS}
+                    if len({len(v) for v in buf.values()}) != 1:
+                        raise CheckpointError("checkpoint buffer columns differ in length")
+                    if np.any((buf["sig"] < 0) | (buf["sig"] >= N_SIGNATURES)) or np.any((buf["role"] < 0) | (buf["role"] >= N_ROLES)):
+                        raise CheckpointError("checkpoint buffer holds invalid signatures")
+                open_steps = {}
+                for s, v in st["open_steps"].items():
+                    if not (isinstance(v, list) and len(v) == 5 and isinstance(v[4], list) and len(v[4]) == N_ROLES):
+                        raise CheckpointError("checkpoint step accumulator is malformed")
+                    open_steps[int(s)] = [int(v[0]), int(v[1]), int(v[2]), int(v[3]), [int(x) for x in v[4]]]
+                method = st["method"]
+                if method is not None and method not in ("period", "none") and method not in known:
+                    raise CheckpointError(f"checkpoint rank uses unknown method {method!r}")
+                anchor = int(st["anchor"])
+                if method == "period" and not 0 <= anchor < N_SIGNATURES:
+                    raise CheckpointError("checkpoint period anchor is out of range")
+                engine.ranks[int(key)] = _Rank(
+                    method=method,
+                    anchor=anchor,
+                    after_end=bool(st["after_end"]),
+                    step=int(st["step"]),
+                    buffer=buf,
+                    open_steps=open_steps,
+                )
+        except CheckpointError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CheckpointError(f"checkpoint is malformed: {exc!r}") from exc
+        return engine

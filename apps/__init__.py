@@ -1,0 +1,1 @@
+"""Django apps of the CommInsight site: accounts, workloads (and ingest), analysis."""

@@ -1,0 +1,1 @@
+"""Accounts: first-run initialisation, users and roles, sign-in, agent tokens."""

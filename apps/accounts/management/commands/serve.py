@@ -1,0 +1,56 @@
+"""``manage.py serve``: what `make run` starts — migrate, collect static files when needed, make sure a
+bootstrap token exists while the site has no root (printing the token file's *path*), then run Daphne
+on ``COMMINSIGHT_SERVER_LISTEN`` (and ``COMMINSIGHT_SERVER_AGENT_LISTEN`` when set).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from apps.accounts import services
+
+
+def daphne_endpoint(listen: str) -> str:
+    """Twisted endpoint string for ``host:port`` (IPv6 hosts in brackets)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise CommandError(f"listen address must look like HOST:PORT, not {listen!r}")
+    host = host.strip("[]").replace(":", r"\:")
+    return f"tcp:port={port}:interface={host}"
+
+
+class Command(BaseCommand):
+    help = "Prepare the site (migrate, static files, bootstrap token) and serve it with Daphne."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--listen", default=settings.SERVER_LISTEN, help="HOST:PORT (COMMINSIGHT_SERVER_LISTEN)")
+        parser.add_argument("--no-migrate", action="store_true", help="do not apply migrations first")
+        parser.add_argument("--prepare-only", action="store_true", help="do everything except start the server")
+
+    def handle(self, *args: object, **options: object) -> None:
+        settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
+        if not options["no_migrate"]:
+            call_command("migrate", interactive=False, verbosity=0)
+        # Development serves static files through the finders; production needs the hashed collection.
+        if settings.PRODUCTION:
+            call_command("collectstatic", interactive=False, verbosity=0)
+        path = services.bootstrap_ensure()
+        listen = str(options["listen"])
+        if path is not None:
+            self.stdout.write(
+                f"CommInsight is not initialised yet. Open http://{listen}/init/ and paste the one-time token "
+                f"stored in {path}"
+            )
+        endpoints = [daphne_endpoint(listen)]
+        if settings.SERVER_AGENT_LISTEN:
+            endpoints.append(daphne_endpoint(settings.SERVER_AGENT_LISTEN))
+        self.stdout.write(f"serving on {', '.join(endpoints)} (data in {settings.DATA_DIR})")
+        if options["prepare_only"]:
+            return
+        from daphne.cli import CommandLineInterface
+
+        argv = [arg for endpoint in endpoints for arg in ("-e", endpoint)]
+        application = settings.ASGI_APPLICATION.rpartition(".")
+        CommandLineInterface().run([*argv, f"{application[0]}:{application[2]}"])

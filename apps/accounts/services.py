@@ -1,0 +1,247 @@
+"""State changes for accounts: bootstrap (first-run initialisation), roles, users, agent tokens.
+
+The bootstrap token exists in exactly one place in clear: ``<data dir>/bootstrap-token`` (mode 0600). The
+database keeps its sha256. Initialisation locks the single ``BootstrapToken`` row, checks the token in
+constant time, creates root (a partial unique index allows one root only), deletes the row and — after the
+transaction commits — unlinks the file. A replay finds no row; a concurrent second attempt waits on the
+lock, then finds no row; if the lock is not enforced (SQLite), the unique index refuses the second root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from .models import AgentToken, BootstrapFailure, BootstrapToken, Role, User
+from .passwords import password_byte_length_problem
+
+logger = logging.getLogger(__name__)
+
+
+class BootstrapError(Exception):
+    """Initialisation refused; the message is safe to show to the person at the page."""
+
+
+class BootstrapThrottled(BootstrapError):
+    """Too many wrong tokens from one address recently."""
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def bootstrap_token_path() -> Path:
+    return Path(settings.BOOTSTRAP_TOKEN_PATH)
+
+
+def root_exists() -> bool:
+    return User.objects.filter(role=Role.ROOT).exists()
+
+
+def _write_private_file(path: Path, content: str) -> None:
+    """Write ``content`` to ``path`` with mode 0600 from the first byte, replacing it atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # the umask cannot widen it, but be explicit
+        os.write(fd, content.encode("ascii"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def bootstrap_issue() -> Path:
+    """Create a fresh token (replacing any earlier one) while no root exists; return the file's path."""
+    if root_exists():
+        raise BootstrapError("The site is already initialised; there is no bootstrap token to issue.")
+    token = secrets.token_urlsafe(32)
+    path = bootstrap_token_path()
+    with transaction.atomic():
+        BootstrapToken.objects.update_or_create(id=1, defaults={"token_sha256": _sha256(token)})
+        _write_private_file(path, token + "\n")
+    logger.info("bootstrap token written to %s", path)
+    return path
+
+
+def bootstrap_ensure() -> Path | None:
+    """At start: while no root exists make sure a usable token file exists; return its path (None if initialised).
+
+    A token file whose hash matches the database is kept, so restarts do not invalidate a token an
+    operator already copied.
+    """
+    if root_exists():
+        return None
+    path = bootstrap_token_path()
+    row = BootstrapToken.objects.filter(id=1).first()
+    if row is not None and path.is_file():
+        try:
+            current = path.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            current = ""
+        if current and hmac.compare_digest(_sha256(current), row.token_sha256):
+            return path
+    return bootstrap_issue()
+
+
+@dataclass(frozen=True)
+class BootstrapStatus:
+    initialised: bool
+    token_path: Path
+    token_file_exists: bool
+    token_issued_at: object
+
+
+def bootstrap_status() -> BootstrapStatus:
+    row = BootstrapToken.objects.filter(id=1).first()
+    path = bootstrap_token_path()
+    return BootstrapStatus(root_exists(), path, path.exists(), row.created_at if row else None)
+
+
+def _throttled(address: str) -> bool:
+    since = timezone.now() - timedelta(seconds=settings.BOOTSTRAP_FAILURE_WINDOW_S)
+    return BootstrapFailure.objects.filter(address=address, at__gte=since).count() >= settings.BOOTSTRAP_FAILURE_LIMIT
+
+
+def bootstrap_initialise(*, token: str, username: str, password: str, address: str = "unknown") -> User:
+    """Create root with ``password`` if ``token`` is the current bootstrap token. Single use under concurrency."""
+    if _throttled(address):
+        raise BootstrapThrottled("Too many wrong tokens from your address; wait 15 minutes and try again.")
+    problem = password_byte_length_problem(password)
+    if problem:
+        raise BootstrapError(problem)
+    username = username.strip()
+    if not username or len(username) > 150:
+        raise BootstrapError("Choose a user name of 1 to 150 characters.")
+    try:
+        with transaction.atomic():
+            row = BootstrapToken.objects.select_for_update().filter(id=1).first()
+            if row is None or root_exists():
+                raise BootstrapError("This site is already initialised; the bootstrap token was used and is void.")
+            if not hmac.compare_digest(_sha256(token.strip()), row.token_sha256):
+                wrong = True
+            else:
+                wrong = False
+                root = User(username=username, role=Role.ROOT, is_staff=False, is_superuser=False)
+                root.set_password(password)
+                root.save()
+                row.delete()
+    except IntegrityError as exc:
+        # Another initialisation committed root first.
+        raise BootstrapError("This site is already initialised; the bootstrap token was used and is void.") from exc
+    if wrong:
+        # Recorded outside the transaction above so the failure counts even though nothing else changed.
+        BootstrapFailure.objects.create(address=address)
+        raise BootstrapError("That is not the current bootstrap token. Copy it again from the file the server named.")
+    # The row is gone (committed): the token is void whatever happens to the file, so remove it now.
+    _remove_token_file()
+    logger.info("site initialised; root account %r created", username)
+    return root
+
+
+def _remove_token_file() -> None:
+    with contextlib.suppress(FileNotFoundError):
+        bootstrap_token_path().unlink()
+
+
+# --- roles and users ------------------------------------------------------------------------------------------
+
+
+class AccountsError(Exception):
+    """A refused account change; the message is safe to show."""
+
+
+def user_set_admin(*, actor: User, user: User, admin: bool) -> User:
+    """Root grants (``admin=True``) or revokes the administrator role."""
+    if not actor.is_root:
+        raise AccountsError("Only root grants or revokes administrators.")
+    if user.is_root:
+        raise AccountsError("Root's role cannot change.")
+    user.role = Role.ADMIN if admin else Role.USER
+    user.save(update_fields=["role"])
+    logger.info("%s %s administrator role of %s", actor.username, "granted" if admin else "revoked", user.username)
+    return user
+
+
+def user_create(*, actor: User, username: str, password: str, email: str = "") -> User:
+    """Administrators create regular users (who start without any workload)."""
+    from django.contrib.auth.password_validation import validate_password
+    from django.core.exceptions import ValidationError
+
+    if not actor.is_site_admin:
+        raise AccountsError("Only administrators create users.")
+    username = username.strip()
+    if not username:
+        raise AccountsError("A user name is required.")
+    if User.objects.filter(username=username).exists():
+        raise AccountsError(f"A user named {username!r} already exists.")
+    user = User(username=username, email=email, role=Role.USER)
+    try:
+        validate_password(password, user)
+    except ValidationError as exc:
+        raise AccountsError(" ".join(exc.messages)) from exc
+    user.set_password(password)
+    user.save()
+    return user
+
+
+# --- agent tokens ----------------------------------------------------------------------------------------------
+
+AGENT_TOKEN_PREFIX = "ci_"  # noqa: S105 (a public marker, not a secret)
+
+
+@dataclass(frozen=True)
+class IssuedAgentToken:
+    token: AgentToken
+    secret: str  # the whole ``ci_<prefix>_<secret>`` string; shown once, never stored
+
+
+def agent_token_create(*, owner: User, name: str) -> IssuedAgentToken:
+    name = name.strip()
+    if not name or len(name) > 100:
+        raise AccountsError("Give the token a name of 1 to 100 characters (for example the node pool).")
+    if AgentToken.objects.filter(owner=owner, name=name).exists():
+        raise AccountsError(f"{owner.username} already has a token named {name!r}.")
+    prefix = secrets.token_hex(4)
+    secret = secrets.token_urlsafe(32)
+    token = AgentToken.objects.create(owner=owner, name=name, prefix=prefix, secret_sha256=_sha256(secret))
+    return IssuedAgentToken(token, f"{AGENT_TOKEN_PREFIX}{prefix}_{secret}")
+
+
+def agent_token_authenticate(presented: str) -> AgentToken | None:
+    """The active token ``presented`` stands for, or None. Constant-time on the secret."""
+    if not presented.startswith(AGENT_TOKEN_PREFIX):
+        return None
+    prefix, _, secret = presented[len(AGENT_TOKEN_PREFIX) :].partition("_")
+    if not prefix or not secret:
+        return None
+    token = AgentToken.objects.select_related("owner").filter(prefix=prefix).first()
+    if token is None or not hmac.compare_digest(_sha256(secret), token.secret_sha256) or not token.is_active:
+        return None
+    now = timezone.now()
+    # Avoid a write per request: record use at most once a minute.
+    if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
+        AgentToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    return token
+
+
+def agent_token_revoke(*, actor: User, token: AgentToken) -> AgentToken:
+    if token.owner_id != actor.pk and not actor.is_site_admin:
+        raise AccountsError("You may revoke only your own tokens.")
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+    return token

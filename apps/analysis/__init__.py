@@ -1,0 +1,1 @@
+"""Analysis jobs (Celery), results, live progress (Channels), reports and trace export."""

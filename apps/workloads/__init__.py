@@ -1,0 +1,1 @@
+"""Workloads and what belongs to them; sharing; the agents' ingest API; discovery."""

@@ -1,0 +1,41 @@
+"""API serializers for workloads and shares."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from apps.workloads.models import ShareLevel, Workload, WorkloadShare
+
+
+class WorkloadSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", read_only=True)
+
+    class Meta:
+        model = Workload
+        fields = [
+            "id",
+            "name",
+            "external_id",
+            "owner",
+            "status",
+            "created_at",
+            "updated_at",
+            "first_seen_at",
+            "last_seen_at",
+        ]
+        read_only_fields = fields
+
+
+class ShareSerializer(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username", read_only=True)
+    user_id = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = WorkloadShare
+        fields = ["user_id", "username", "level", "created_at"]
+        read_only_fields = fields
+
+
+class ShareRequestSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    level = serializers.ChoiceField(choices=ShareLevel.choices, default=ShareLevel.READ)

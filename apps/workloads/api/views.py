@@ -1,0 +1,85 @@
+"""Workloads API. Every view starts from ``workloads_visible_to``: hidden workloads answer 404."""
+
+from __future__ import annotations
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.accounts.models import User
+from apps.workloads import services
+from apps.workloads.models import Workload
+from apps.workloads.selectors import workload_can_manage, workloads_visible_to
+
+from .serializers import ShareRequestSerializer, ShareSerializer, WorkloadSerializer
+
+
+def _visible_workload(request: Request, workload_id: int) -> Workload:
+    return get_object_or_404(workloads_visible_to(request.user), pk=workload_id)
+
+
+class WorkloadListView(APIView):
+    @extend_schema(responses=WorkloadSerializer(many=True), summary="Workloads you may see")
+    def get(self, request: Request) -> Response:
+        return Response(WorkloadSerializer(workloads_visible_to(request.user), many=True).data)
+
+
+class WorkloadDetailView(APIView):
+    @extend_schema(responses=WorkloadSerializer, summary="One workload")
+    def get(self, request: Request, workload_id: int) -> Response:
+        return Response(WorkloadSerializer(_visible_workload(request, workload_id)).data)
+
+    @extend_schema(responses={204: None}, summary="Delete a workload (manage level or administrator)")
+    def delete(self, request: Request, workload_id: int) -> Response:
+        workload = _visible_workload(request, workload_id)
+        try:
+            services.workload_delete(actor=request.user, workload=workload)
+        except services.WorkloadPermissionDenied as exc:
+            raise PermissionDenied(str(exc)) from exc
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class WorkloadShareListView(APIView):
+    @extend_schema(responses=ShareSerializer(many=True), summary="Who the workload is shared with (manage level)")
+    def get(self, request: Request, workload_id: int) -> Response:
+        workload = _visible_workload(request, workload_id)
+        if not workload_can_manage(request.user, workload):
+            raise PermissionDenied("You need the manage level on this workload to see its shares.")
+        shares = workload.shares.select_related("user").order_by("user__username")
+        return Response(ShareSerializer(shares, many=True).data)
+
+    @extend_schema(request=ShareRequestSerializer, responses={201: ShareSerializer}, summary="Share with a user")
+    def post(self, request: Request, workload_id: int) -> Response:
+        workload = _visible_workload(request, workload_id)
+        body = ShareRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        if not workload_can_manage(request.user, workload):
+            raise PermissionDenied("You need the manage level on this workload to share it.")
+        user = User.objects.filter(username=body.validated_data["username"], is_active=True).first()
+        if user is None:
+            raise ValidationError({"username": "No active user with that name."})
+        try:
+            share = services.workload_share(
+                actor=request.user, workload=workload, user=user, level=body.validated_data["level"]
+            )
+        except services.WorkloadError as exc:
+            raise ValidationError({"detail": str(exc)}) from exc
+        return Response(ShareSerializer(share).data, status=status.HTTP_201_CREATED)
+
+
+class WorkloadShareDetailView(APIView):
+    @extend_schema(responses={204: None}, summary="Unshare (manage level or administrator)")
+    def delete(self, request: Request, workload_id: int, user_id: int) -> Response:
+        workload = _visible_workload(request, workload_id)
+        user = get_object_or_404(User, pk=user_id)
+        try:
+            removed = services.workload_unshare(actor=request.user, workload=workload, user=user)
+        except services.WorkloadPermissionDenied as exc:
+            raise PermissionDenied(str(exc)) from exc
+        if not removed:
+            return Response({"detail": "That user had no share."}, status=status.HTTP_404_NOT_FOUND)
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,232 @@
+"""The one settings module of the site. Everything that differs between machines comes from the environment.
+
+Embedded default (no ``DATABASE_URL``, no ``REDIS_URL``): SQLite in the data directory, Celery tasks run
+in-process, in-memory channel layer — ``make run`` works on a bare machine. With ``DATABASE_URL`` and
+``REDIS_URL`` set, PostgreSQL (psycopg 3), a Redis broker and the channels-redis layer are used.
+``COMMINSIGHT_ENV=production`` makes ``SECRET_KEY`` and ``ALLOWED_HOSTS`` (or ``COMMINSIGHT_SERVER_PUBLIC_URL``)
+mandatory and turns on the HTTPS-only settings that ``manage.py check --deploy`` asks for.
+See docs/operators.md for every variable.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+ENVIRONMENT = env.str("COMMINSIGHT_ENV", default="development")
+if ENVIRONMENT not in {"development", "production"}:
+    raise ImproperlyConfigured(f"COMMINSIGHT_ENV must be 'development' or 'production', not {ENVIRONMENT!r}")
+PRODUCTION = ENVIRONMENT == "production"
+
+DATA_DIR = Path(env.str("COMMINSIGHT_SERVER_DATA_DIR", default=str(BASE_DIR / ".data"))).resolve()
+SERVER_LISTEN = env.str("COMMINSIGHT_SERVER_LISTEN", default="127.0.0.1:8000")
+# When set, the machine API (/api/v1/ingest/) is served only on this second listener (see docs/operators.md).
+SERVER_AGENT_LISTEN = env.str("COMMINSIGHT_SERVER_AGENT_LISTEN", default="")
+PUBLIC_URL = env.str("COMMINSIGHT_SERVER_PUBLIC_URL", default="").rstrip("/")
+
+if PRODUCTION:
+    # A missing production secret must fail at start, loudly (environ raises ImproperlyConfigured).
+    SECRET_KEY = env.str("SECRET_KEY")
+    DEBUG = env.bool("DEBUG", default=False)
+else:
+    SECRET_KEY = env.str("SECRET_KEY", default="django-insecure-development-only-never-use-in-production")
+    DEBUG = env.bool("DEBUG", default=True)
+
+_public_host = urlsplit(PUBLIC_URL).hostname if PUBLIC_URL else None
+_default_hosts = [_public_host] if _public_host else ([] if PRODUCTION else ["127.0.0.1", "localhost", "[::1]"])
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=_default_hosts)
+if PRODUCTION and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("production needs ALLOWED_HOSTS or COMMINSIGHT_SERVER_PUBLIC_URL")
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[PUBLIC_URL] if PUBLIC_URL else [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "axes",
+    "apps.accounts",
+    "apps.workloads",
+    "apps.analysis",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "apps.accounts.middleware.AgentListenerMiddleware",
+    # Axes last: it turns a lockout signalled by its backend into a response.
+    "axes.middleware.AxesMiddleware",
+]
+
+ROOT_URLCONF = "comminsight_site.urls"
+ASGI_APPLICATION = "comminsight_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "apps.accounts.context_processors.site",
+            ],
+        },
+    },
+]
+
+# --- Real parts or embedded defaults -------------------------------------------------------------------------
+DATABASES = {"default": env.db_url("DATABASE_URL", default=f"sqlite:///{DATA_DIR / 'db.sqlite3'}")}
+# Several test runs may share one PostgreSQL server: give each its own throw-away test database.
+DATABASES["default"]["TEST"] = {"NAME": env.str("COMMINSIGHT_TEST_DB_NAME", default=f"test_comminsight_{os.getpid()}")}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    DATABASES["default"]["TEST"] = {}
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env.str("REDIS_URL", default="")
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_RESULT_BACKEND = REDIS_URL or None
+# Without Redis there is no worker to send to: run tasks in the calling process.
+CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_QUEUE", default="comminsight")
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
+
+# --- Accounts and security -----------------------------------------------------------------------------------
+AUTH_USER_MODEL = "accounts.User"
+LOGIN_URL = "accounts:login"
+LOGIN_REDIRECT_URL = "workloads:list"
+LOGOUT_REDIRECT_URL = "accounts:login"
+PASSWORD_HASHERS = [
+    "django.contrib.auth.hashers.Argon2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+]
+AUTH_PASSWORD_VALIDATORS = [{"NAME": "apps.accounts.passwords.ByteLengthValidator"}]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = env.float("AXES_COOLOFF_HOURS", default=0.25)  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "accounts/locked_out.html"
+AXES_ENABLED = env.bool("AXES_ENABLED", default=True)
+
+BOOTSTRAP_TOKEN_PATH = DATA_DIR / "bootstrap-token"
+# Wrong bootstrap tokens per client address per window before the page answers 429.
+BOOTSTRAP_FAILURE_LIMIT = env.int("COMMINSIGHT_BOOTSTRAP_FAILURE_LIMIT", default=5)
+BOOTSTRAP_FAILURE_WINDOW_S = 900
+
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+# "Open in Perfetto" talks to a window it opened through postMessage: same-origin would cut that link.
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin-allow-popups"
+if PRODUCTION:
+    SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
+    # Behind a TLS-terminating proxy that sets X-Forwarded-Proto (see docs/operators.md).
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
+    SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=True)
+
+# --- API ------------------------------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"]
+    + (["rest_framework.renderers.BrowsableAPIRenderer"] if DEBUG else []),
+    "DEFAULT_THROTTLE_RATES": {"ingest": env.str("COMMINSIGHT_INGEST_RATE", default="6000/min")},
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "CommInsight API",
+    "DESCRIPTION": "Workloads, sharing, agent tokens and the agents' ingest API.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- Static files (the Vite build in frontend/dist is one of the sources) ----------------------------------
+STATIC_URL = "/static/"
+# Development serves through the finders (no collection needed); production collects into the data dir.
+_static_root = env.str("STATIC_ROOT", default=str(DATA_DIR / "static") if PRODUCTION else "")
+STATIC_ROOT = Path(_static_root) if _static_root else None
+FRONTEND_DIST = BASE_DIR / "frontend" / "dist"
+# Only list the build when it exists: a missing directory is a system-check warning.
+STATICFILES_DIRS = [FRONTEND_DIST] if FRONTEND_DIST.is_dir() else []
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if PRODUCTION
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
+WHITENOISE_USE_FINDERS = not PRODUCTION
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {"axes": {"level": "WARNING"}},
+}
+
+# --- Ingest (issue 7) ------------------------------------------------------------------------------------------
+INGEST_MAX_CHUNK_BYTES = env.int("COMMINSIGHT_INGEST_MAX_CHUNK_BYTES", default=8 * 1024 * 1024)
+INGEST_MAX_ARCHIVE_BYTES = env.int("COMMINSIGHT_INGEST_MAX_ARCHIVE_BYTES", default=2 * 1024**3)
+INGEST_MAX_ONESHOT_BYTES = env.int("COMMINSIGHT_INGEST_MAX_ONESHOT_BYTES", default=32 * 1024 * 1024)
+INGEST_TOKEN_MAX_BYTES = env.int("COMMINSIGHT_INGEST_TOKEN_MAX_BYTES", default=200 * 1024**3)
+INGEST_OWNER_QUOTA_BYTES = env.int("COMMINSIGHT_INGEST_OWNER_QUOTA_BYTES", default=500 * 1024**3)
+WORKLOAD_LOST_AFTER_S = env.int("COMMINSIGHT_WORKLOAD_LOST_AFTER_S", default=300)
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440

@@ -1,0 +1,17 @@
+// Progressive enhancement for the site's server-rendered pages: every page works without this file.
+import "./styles.css";
+import { enhanceFilters } from "./filter";
+import { enhanceRelativeTimes } from "./relative-time";
+import { enhanceCopyButtons } from "./copy";
+
+function start(): void {
+  enhanceFilters(document);
+  enhanceRelativeTimes(document);
+  enhanceCopyButtons(document);
+}
+
+if (document.readyState === "loading") {
+  document.addEventListener("DOMContentLoaded", start);
+} else {
+  start();
+}

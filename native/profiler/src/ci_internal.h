@@ -1,0 +1,237 @@
+/*
+ * ci_internal.h - shared declarations of the CommInsight profiler's modules.
+ *
+ * Modules (one structure each): queue.c (bounded lock-free MPMC queue of slot
+ * indices), pool.c (pre-allocated operation slots, sharded free lists),
+ * config.c (env > conf file > defaults), log.c (warnings), ring.c (shared
+ * memory ring), segment.c (raw-log segments), hang.c (in-flight scans and
+ * evidence), writer.c (background thread), autostart.c (agent start),
+ * plugin.c (event handling and the exported ABI tables, at its end).
+ * Nothing here is exported: the library is built with -fvisibility=hidden.
+ */
+#ifndef CI_INTERNAL_H
+#define CI_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "comminsight_ring.h"
+#include "nccl_profiler_abi.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
+
+#define CI_SHARDS 16       /* producer shards: threads map round-robin onto them */
+#define CI_CACHELINE 64
+#define CI_PATH_MAX 512   /* home and directories (home is capped shorter) */
+#define CI_FILE_MAX 1024  /* file paths: a directory plus a generated name */
+
+/* ---- clock: cheap ticks on the hot path, converted to CLOCK_REALTIME ns by the writer ---- */
+
+/* Returns a monotonic tick count (TSC / virtual counter / CLOCK_MONOTONIC ns). Never a syscall on x86-64/aarch64. */
+static inline uint64_t ci_ticks(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    return __rdtsc();
+#elif defined(__aarch64__)
+    uint64_t v;
+    __asm__ volatile("mrs %0, cntvct_el0" : "=r"(v));
+    return v;
+#else
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+#endif
+}
+
+uint64_t ci_realtime_ns(void);
+uint64_t ci_monotonic_ns(void);
+
+/* Tick -> realtime conversion, owned by the writer (re-anchored every cycle). */
+typedef struct ci_clock {
+    uint64_t tick0, rt0;         /* first anchor: long baseline for the slope */
+    uint64_t tick_anchor, rt_anchor;
+    double ns_per_tick;
+} ci_clock;
+void ci_clock_calibrate(ci_clock* c);
+void ci_clock_anchor(ci_clock* c);
+uint64_t ci_clock_to_ns(const ci_clock* c, uint64_t ticks); /* 0 stays 0 */
+
+/* ---- log.c ---- */
+void ci_log_set_logger(ncclDebugLogger_t fn);
+void ci_warn(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Warns once per `flag` (a static int the caller owns). */
+#define ci_warn_once(flag, ...)                                                  \
+    do {                                                                         \
+        if (!atomic_exchange_explicit((flag), 1, memory_order_relaxed)) ci_warn(__VA_ARGS__); \
+    } while (0)
+
+/* ---- config.c ---- */
+typedef struct ci_config {
+    char home[CI_PATH_MAX];
+    uint32_t pool_size;          /* operation slots, power of two */
+    uint32_t ring_capacity;      /* records, power of two */
+    uint64_t log_segment_bytes;
+    uint64_t log_segment_age_s;
+    uint64_t hang_timeout_s;     /* 0 disables timeout evidence */
+    uint32_t writer_interval_ms;
+    int agent_autostart;
+    int ring_enable;
+    int log_enable;
+    char workload_id[64];
+} ci_config;
+/* Fills *cfg from env > <home>/etc/comminsight.conf > defaults; warns once per bad value. Returns 0. */
+int ci_config_load(ci_config* cfg);
+
+/* ---- queue.c: bounded MPMC queue of uint32 (Vyukov's per-cell sequence scheme) ---- */
+typedef struct ci_cell {
+    _Atomic uint64_t seq;
+    uint64_t value;
+} ci_cell;
+typedef struct ci_queue {
+    ci_cell* cells;
+    uint64_t mask;
+    uint8_t _pad0[CI_CACHELINE - sizeof(void*) - sizeof(uint64_t)];
+    _Atomic uint64_t enq; /* producers' index, own cache line */
+    uint8_t _pad1[CI_CACHELINE - sizeof(uint64_t)];
+    _Atomic uint64_t deq; /* consumers' index, own cache line */
+    uint8_t _pad2[CI_CACHELINE - sizeof(uint64_t)];
+} ci_queue;
+int ci_queue_init(ci_queue* q, uint32_t capacity); /* 0, or -1 (capacity not a power of two / no memory) */
+void ci_queue_free(ci_queue* q);
+int ci_queue_push(ci_queue* q, uint32_t value);  /* 0, or -1 when full */
+int ci_queue_pop(ci_queue* q, uint32_t* value);  /* 0, or -1 when empty */
+
+/* ---- communicators ---- */
+typedef struct ci_comm {
+    uint64_t comm_hash;
+    char name[56];
+    int32_t rank, nranks, nnodes;
+    int abi;                      /* 4 or 5 */
+    _Atomic uint64_t* p2p_seq;    /* [2][nranks]: Send, Recv counters per peer */
+    _Atomic uint64_t p2p_seq_other[2]; /* peers outside [0, nranks) */
+    struct ci_comm* next;         /* all communicators, freed at the last finalize */
+} ci_comm;
+
+/* ---- pool.c: operation slots ---- */
+enum { CI_SLOT_FREE = 0, CI_SLOT_INFLIGHT = 1, CI_SLOT_DONE = 2 };
+#define CI_REFS_KCH   (1ull << 32) /* one KernelCh child started */
+#define CI_REFS_PROXY (1ull << 48) /* one ProxyOp child started */
+
+typedef struct __attribute__((aligned(256))) ci_op {
+    _Atomic uint64_t refs;       /* low 32: outstanding (the op + open children); high: children started */
+    _Atomic uint32_t state;      /* CI_SLOT_* */
+    uint32_t index;
+    ci_comm* comm;
+    _Atomic uint64_t t_start;    /* ticks */
+    _Atomic uint64_t t_stop;     /* ticks, 0 until stopEvent */
+    uint64_t t_complete;         /* ticks, set by the completing thread */
+    _Atomic uint64_t gpu_start;  /* min KernelCh start pTimer, UINT64_MAX unknown */
+    _Atomic uint64_t gpu_end;    /* max KernelCh stop pTimer */
+    uint64_t seq, count, stream;
+    int32_t peer, tid;
+    uint8_t kind, n_channels, flags, reported;
+    char func[24], dtype[16], algo[16], proto[16];
+} ci_op;
+
+typedef struct ci_pool {
+    ci_op* ops;
+    uint32_t size, per_shard;
+    ci_queue free_q[CI_SHARDS];
+} ci_pool;
+int ci_pool_init(ci_pool* p, uint32_t size);   /* 0, or -1 on allocation failure */
+void ci_pool_free(ci_pool* p);
+ci_op* ci_pool_alloc(ci_pool* p, unsigned shard); /* NULL when every shard is empty */
+void ci_pool_release(ci_pool* p, ci_op* op);      /* writer side: back to its home shard */
+
+/* ---- ring.c: SPSC shared-memory ring (layout in comminsight_ring.h) ---- */
+typedef struct ci_ring {
+    ci_ring_header* hdr;
+    ci_op_record* slots;
+    size_t map_bytes;
+    char path[CI_FILE_MAX];
+} ci_ring;
+int ci_ring_open(ci_ring* r, const char* dir, uint32_t capacity, const char* host, uint64_t start_ns); /* 0 / -1 */
+void ci_ring_push(ci_ring* r, const ci_op_record* rec);
+void ci_ring_set_lost(ci_ring* r, uint64_t lost);
+void ci_ring_close(ci_ring* r);
+
+/* ---- segment.c: raw-log segments ---- */
+typedef struct ci_segment_writer {
+    char dir[CI_PATH_MAX];
+    char path[CI_FILE_MAX];
+    int fd;
+    int failed;                  /* 1 after an error, until a write succeeds again */
+    uint64_t off;                /* next record offset (whole records only) */
+    uint64_t opened_ns;
+    uint32_t index;
+    uint64_t max_bytes, max_age_ns;
+    uint64_t start_ns;           /* process incarnation, part of the file names */
+    uint64_t lost;               /* records that could not be written */
+    ci_log_header proto;         /* header template */
+} ci_segment_writer;
+void ci_segment_init(ci_segment_writer* w, const char* dir, uint64_t max_bytes, uint64_t max_age_s,
+                     uint64_t start_ns, const ci_log_header* proto);
+void ci_segment_append(ci_segment_writer* w, const ci_op_record* recs, size_t n, uint64_t now_ns);
+void ci_segment_tick(ci_segment_writer* w, uint64_t now_ns); /* seals a segment past its age */
+void ci_segment_close(ci_segment_writer* w);                 /* seals the open segment */
+
+/* ---- the process-wide runtime (plugin.c owns it) ---- */
+typedef struct ci_shard {
+    _Atomic uint64_t lost;       /* events lost on this shard (pool empty) */
+    uint8_t _pad[CI_CACHELINE - sizeof(uint64_t)];
+} ci_shard;
+
+typedef struct ci_runtime {
+    ci_config cfg;
+    ci_pool pool;
+    ci_queue done_q[CI_SHARDS];
+    ci_shard shards[CI_SHARDS];
+    uintptr_t pool_base, pool_bytes;
+    int32_t pid, cuda_device;
+    char host[64];
+    uint64_t start_ns;
+    /* writer side, guarded by out_lock */
+    pthread_mutex_t out_lock;
+    ci_clock clock;
+    ci_ring ring;
+    int ring_ok;
+    ci_segment_writer seg;
+    uint64_t record_seq;
+    uint64_t last_hang_scan_ns;
+    ci_op_record batch[64];
+    size_t batch_n;
+    /* writer thread */
+    pthread_t thread;
+    int thread_running;
+    _Atomic int stop;
+} ci_runtime;
+
+extern ci_runtime* ci_rt;
+
+/* writer.c */
+int ci_writer_start(ci_runtime* rt);   /* 0, or -1 (thread not started: events are kept until the pool fills) */
+void ci_writer_stop(ci_runtime* rt);   /* joins the thread, drains, closes sinks */
+void ci_writer_cycle_locked(ci_runtime* rt);
+void ci_writer_emit_locked(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op_record* copy);
+void ci_writer_flush_locked(ci_runtime* rt);
+void ci_writer_finalize_comm(ci_runtime* rt, const ci_comm* comm);
+size_t ci_dtype_size(const char* dtype);
+
+/* hang.c */
+void ci_hang_scan_locked(ci_runtime* rt, uint64_t now_ns);
+/* Writes every in-flight op of `comm` (all comms if NULL) as ABANDONED/ENQUEUED, frees them, writes evidence. */
+void ci_hang_abandon_locked(ci_runtime* rt, const ci_comm* comm);
+
+/* autostart.c */
+void ci_autostart_agent(const ci_config* cfg);
+
+/* misc helpers (log.c) */
+void ci_copy_str(char* dst, size_t cap, const char* src);
+int ci_mkdirs(const char* path);  /* 0, or -1 with errno */
+pid_t ci_gettid(void);
+
+#endif /* CI_INTERNAL_H */

@@ -1,0 +1,387 @@
+/*
+ * plugin.c - event handling and the exported NCCL profiler ABI tables.
+ *
+ * The process-wide runtime (pool, queues, writer) is created at the first
+ * init and torn down at the last finalize, so NCCL may unload and reload
+ * the library in one process. Event path: a Coll/P2p start takes a slot
+ * from the pool (per-thread shard), children (KernelCh, ProxyOp) get the
+ * parent's address with a tag in the low bits as handle, CollApi/P2pApi get
+ * the stream itself (tagged in the top bits) as handle, every other type a
+ * NULL handle. `refs` counts the operation's open parts: the op itself until
+ * its stopEvent (enqueued), one per kernel channel announced in the
+ * descriptor's nChannels until that channel's KernelCh stops (as NVIDIA's
+ * inspector plugin decides completion), and any extra child until it stops.
+ * Whoever closes the last part marks the slot DONE (one CAS) and pushes its
+ * index onto its shard's done queue. No lock,
+ * syscall, allocation or wait on that path; an empty pool drops and counts.
+ * The exported tables (v5, v4) are the last thing in this file.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ci_internal.h"
+
+#define CI_EXPORT __attribute__((visibility("default")))
+
+#define TAG_MASK   ((uintptr_t)3)
+#define TAG_KCH    ((uintptr_t)1)
+#define TAG_PROXY  ((uintptr_t)2)
+#define API_TAG    ((uintptr_t)0xAull << 60)
+#define API_MASK   ((uintptr_t)0xFull << 60)
+
+#define MASK_V5 (ncclProfileColl | ncclProfileP2p | ncclProfileKernelCh | ncclProfileCollApi | ncclProfileP2pApi)
+#define MASK_V4 (ncclProfileColl | ncclProfileP2p | ncclProfileKernelCh)
+
+ci_runtime* ci_rt;
+static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_live_comms;
+static ci_comm* g_comms;
+static _Atomic unsigned g_next_shard;
+static __thread int tls_shard = -1;
+static __thread int32_t tls_tid;
+
+/* ---------------- event path ---------------- */
+
+static inline unsigned my_shard(void) {
+    if (__builtin_expect(tls_shard < 0, 0)) {
+        /* first event of this thread: one counter bump and one gettid, never again */
+        tls_shard = (int)(atomic_fetch_add_explicit(&g_next_shard, 1, memory_order_relaxed) % CI_SHARDS);
+        tls_tid = (int32_t)ci_gettid();
+    }
+    return (unsigned)tls_shard;
+}
+
+static inline ci_op* as_op(const ci_runtime* rt, const void* p) {
+    uintptr_t off = (uintptr_t)p - rt->pool_base;
+    /* only our own slots are dereferenced: anything else (NULL, API handles, stale) is rejected */
+    if (off >= rt->pool_bytes || (off & (sizeof(ci_op) - 1)) != 0) return NULL;
+    return (ci_op*)p;
+}
+
+static inline void* op_start(ci_comm* comm, const void* parent, uint8_t kind, uint64_t seq, const char* func,
+                             uint64_t count, int32_t peer, const char* dtype, uint8_t nch, const char* algo,
+                             const char* proto) {
+    ci_runtime* rt = ci_rt;
+    unsigned shard = my_shard();
+    ci_op* op = ci_pool_alloc(&rt->pool, shard);
+    if (__builtin_expect(op == NULL, 0)) {
+        atomic_fetch_add_explicit(&rt->shards[shard].lost, 1, memory_order_relaxed);
+        return NULL;
+    }
+    atomic_store_explicit(&op->t_start, ci_ticks(), memory_order_relaxed);
+    atomic_store_explicit(&op->t_stop, 0, memory_order_relaxed);
+    /* open parts: the op itself (until stopEvent) and each announced kernel channel (until its stop) */
+    atomic_store_explicit(&op->refs, 1u + nch, memory_order_relaxed);
+    atomic_store_explicit(&op->gpu_start, UINT64_MAX, memory_order_relaxed);
+    atomic_store_explicit(&op->gpu_end, 0, memory_order_relaxed);
+    op->comm = comm;
+    op->kind = kind;
+    op->seq = seq;
+    op->count = count;
+    op->peer = peer;
+    op->n_channels = nch;
+    op->tid = tls_tid;
+    op->reported = 0;
+    uintptr_t pv = (uintptr_t)parent;
+    if ((pv & API_MASK) == API_TAG) {
+        op->stream = pv & ~API_MASK;
+        op->flags = CI_FLAG_API_STREAM;
+    } else {
+        op->stream = 0;
+        op->flags = 0;
+    }
+    ci_copy_str(op->func, sizeof(op->func), func);
+    ci_copy_str(op->dtype, sizeof(op->dtype), dtype);
+    ci_copy_str(op->algo, sizeof(op->algo), algo);
+    ci_copy_str(op->proto, sizeof(op->proto), proto);
+    /* release: the slot's fields are visible to the hang scan before it reads INFLIGHT */
+    atomic_store_explicit(&op->state, CI_SLOT_INFLIGHT, memory_order_release);
+    return op;
+}
+
+static inline void op_complete(ci_op* op) {
+    uint32_t expected = CI_SLOT_INFLIGHT;
+    /* exactly one thread (or finalize) moves the slot out of flight */
+    if (!atomic_compare_exchange_strong_explicit(&op->state, &expected, CI_SLOT_DONE, memory_order_acq_rel,
+                                                 memory_order_relaxed))
+        return;
+    op->t_complete = ci_ticks();
+    /* cannot fail: each shard's done queue can hold every slot of the pool */
+    ci_queue_push(&ci_rt->done_q[my_shard()], op->index);
+}
+
+static inline void op_release(ci_op* op) {
+    /* acq_rel: the last part to close sees every other part's writes (t_stop, GPU times) */
+    uint64_t old = atomic_fetch_sub_explicit(&op->refs, 1, memory_order_acq_rel);
+    if ((uint32_t)old == 1) op_complete(op);
+}
+
+static inline void* child_start(const void* parent, uintptr_t tag, uint64_t ptimer) {
+    ci_op* op = as_op(ci_rt, parent);
+    if (op == NULL || atomic_load_explicit(&op->state, memory_order_acquire) != CI_SLOT_INFLIGHT) return NULL;
+    uint64_t old = atomic_load_explicit(&op->refs, memory_order_relaxed), add;
+    do {
+        /* the op start reserved one open part per announced channel; only extra children add one */
+        uint64_t kch = (old >> 32) & 0xffff;
+        add = tag == TAG_KCH ? CI_REFS_KCH + (kch >= op->n_channels ? 1 : 0) : CI_REFS_PROXY + 1;
+    } while (!atomic_compare_exchange_weak_explicit(&op->refs, &old, old + add, memory_order_acq_rel,
+                                                    memory_order_relaxed));
+    if (tag == TAG_KCH && ptimer != 0) {
+        uint64_t cur = atomic_load_explicit(&op->gpu_start, memory_order_relaxed);
+        while (ptimer < cur && !atomic_compare_exchange_weak_explicit(&op->gpu_start, &cur, ptimer,
+                                                                      memory_order_relaxed, memory_order_relaxed)) {
+        }
+    }
+    return (void*)((uintptr_t)op | tag);
+}
+
+static inline void* api_handle(const void* stream) {
+    /* the stream itself is the handle: its children read it back, nothing to allocate or free */
+    return (void*)(((uintptr_t)stream & ~API_MASK) | API_TAG);
+}
+
+static ncclResult_t ci_stop(void* handle) {
+    uintptr_t v = (uintptr_t)handle;
+    if (v == 0 || (v & API_MASK) == API_TAG || ci_rt == NULL) return 0;
+    ci_op* op = as_op(ci_rt, (void*)(v & ~TAG_MASK));
+    if (op == NULL) return 0;
+    if ((v & TAG_MASK) == 0) atomic_store_explicit(&op->t_stop, ci_ticks(), memory_order_relaxed);
+    op_release(op);
+    return 0;
+}
+
+static ncclResult_t ci_record_state(void* handle, int state, const ncclProfilerEventStateArgs_v5_t* args) {
+    uintptr_t v = (uintptr_t)handle;
+    if ((v & TAG_MASK) != TAG_KCH || (v & API_MASK) == API_TAG || state != ncclProfilerKernelChStop || args == NULL ||
+        ci_rt == NULL)
+        return 0;
+    ci_op* op = as_op(ci_rt, (void*)(v & ~TAG_MASK));
+    if (op == NULL) return 0;
+    uint64_t t = args->kernelCh.pTimer;
+    uint64_t cur = atomic_load_explicit(&op->gpu_end, memory_order_relaxed);
+    while (t > cur && !atomic_compare_exchange_weak_explicit(&op->gpu_end, &cur, t, memory_order_relaxed,
+                                                             memory_order_relaxed)) {
+    }
+    return 0;
+}
+
+static inline uint64_t p2p_seq(ci_comm* c, const char* func, int peer) {
+    int dir = (func != NULL && func[0] == 'R') ? 1 : 0; /* "Recv" vs "Send" */
+    _Atomic uint64_t* ctr =
+        (c->p2p_seq != NULL && peer >= 0 && peer < c->nranks) ? &c->p2p_seq[dir * c->nranks + peer] : &c->p2p_seq_other[dir];
+    return atomic_fetch_add_explicit(ctr, 1, memory_order_relaxed);
+}
+
+/* ---------------- init / finalize ---------------- */
+
+static int cuda_device_guess(void) {
+    const char* lr = getenv("LOCAL_RANK");
+    const char* cvd = getenv("CUDA_VISIBLE_DEVICES");
+    int local = (lr != NULL && *lr != '\0') ? atoi(lr) : -1;
+    if (cvd != NULL && *cvd != '\0') {
+        /* the device this process uses is entry LOCAL_RANK of the list (or the only entry) */
+        int entries = 1;
+        for (const char* p = cvd; *p; p++) entries += (*p == ',');
+        int want = entries == 1 ? 0 : local;
+        if (want < 0 || want >= entries) return -1;
+        const char* p = cvd;
+        for (int i = 0; i < want; i++) p = strchr(p, ',') + 1;
+        char* end = NULL;
+        long v = strtol(p, &end, 10);
+        return (end != p && (*end == ',' || *end == '\0')) ? (int)v : -1;
+    }
+    return local;
+}
+
+static void fill_log_header(ci_runtime* rt, ci_log_header* h) {
+    memset(h, 0, sizeof(*h));
+    h->pid = rt->pid;
+    const char* v;
+    h->local_rank = (v = getenv("LOCAL_RANK")) != NULL && *v ? atoi(v) : -1;
+    h->global_rank = (v = getenv("RANK")) != NULL && *v ? atoi(v) : -1;
+    h->world_size = (v = getenv("WORLD_SIZE")) != NULL && *v ? atoi(v) : -1;
+    ci_copy_str(h->host, sizeof(h->host), rt->host);
+    ci_copy_str(h->workload_id, sizeof(h->workload_id), rt->cfg.workload_id);
+    v = getenv("NODE_IP");
+    if (v == NULL || *v == '\0') v = getenv("HOST_IP");
+    ci_copy_str(h->node_ip, sizeof(h->node_ip), v);
+}
+
+/* Creates the runtime; returns 0, or -1 when memory is short (then every communicator opts out). */
+static int runtime_start(void) {
+    ci_runtime* rt = NULL;
+    if (posix_memalign((void**)&rt, CI_CACHELINE, sizeof(*rt)) != 0) return -1;
+    memset(rt, 0, sizeof(*rt));
+    int q = 0;
+    ci_config_load(&rt->cfg);
+    if (ci_pool_init(&rt->pool, rt->cfg.pool_size) != 0) goto fail;
+    uint32_t qcap = 2;
+    while (qcap < rt->pool.size) qcap <<= 1;
+    for (; q < CI_SHARDS; q++)
+        if (ci_queue_init(&rt->done_q[q], qcap) != 0) goto fail;
+    rt->pool_base = (uintptr_t)rt->pool.ops;
+    rt->pool_bytes = (uintptr_t)rt->pool.size * sizeof(ci_op);
+    rt->pid = (int32_t)getpid();
+    rt->cuda_device = cuda_device_guess();
+    if (gethostname(rt->host, sizeof(rt->host) - 1) != 0) ci_copy_str(rt->host, sizeof(rt->host), "unknown");
+    rt->start_ns = ci_realtime_ns();
+    pthread_mutex_init(&rt->out_lock, NULL);
+    ci_clock_calibrate(&rt->clock);
+
+    char dir[CI_PATH_MAX + 32];
+    snprintf(dir, sizeof(dir), "%s/hang_detection", rt->cfg.home);
+    if (ci_mkdirs(dir) != 0) ci_warn("cannot create %s: hang evidence is not written", dir);
+    if (rt->cfg.ring_enable) {
+        snprintf(dir, sizeof(dir), "%s/shms", rt->cfg.home);
+        if (ci_mkdirs(dir) != 0 || ci_ring_open(&rt->ring, dir, rt->cfg.ring_capacity, rt->host, rt->start_ns) != 0)
+            ci_warn("cannot create the shared-memory ring under %s: the agent sees nothing live (raw logs go on)", dir);
+        else
+            rt->ring_ok = 1;
+    }
+    snprintf(dir, sizeof(dir), "%s/inspector_logs", rt->cfg.home);
+    ci_log_header proto;
+    fill_log_header(rt, &proto);
+    ci_segment_init(&rt->seg, dir, rt->cfg.log_segment_bytes, rt->cfg.log_segment_age_s, rt->start_ns, &proto);
+    if (rt->cfg.log_enable && ci_mkdirs(dir) != 0) {
+        ci_warn("cannot create %s: raw logs are not written (records are counted as lost)", dir);
+        rt->seg.failed = 1;
+    }
+    ci_rt = rt;
+    ci_writer_start(rt);
+    return 0;
+fail:
+    while (--q >= 0) ci_queue_free(&rt->done_q[q]);
+    ci_pool_free(&rt->pool);
+    free(rt);
+    ci_warn("cannot allocate the event pool: profiling is off for this process");
+    return -1;
+}
+
+static void runtime_stop(void) {
+    ci_runtime* rt = ci_rt;
+    if (rt == NULL) return;
+    ci_writer_stop(rt);
+    ci_rt = NULL;
+    for (int q = 0; q < CI_SHARDS; q++) ci_queue_free(&rt->done_q[q]);
+    ci_pool_free(&rt->pool);
+    pthread_mutex_destroy(&rt->out_lock);
+    free(rt);
+    while (g_comms != NULL) {
+        ci_comm* c = g_comms;
+        g_comms = c->next;
+        free(c->p2p_seq);
+        free(c);
+    }
+}
+
+static ncclResult_t ci_init(void** ctx, int abi, uint64_t comm_hash, int* mask, const char* name, int nnodes,
+                            int nranks, int rank, ncclDebugLogger_t logfn) {
+    if (ctx == NULL) return 0;
+    *ctx = NULL;
+    if (logfn != NULL) ci_log_set_logger(logfn);
+    pthread_mutex_lock(&g_init_lock);
+    if (g_live_comms == 0 && ci_rt == NULL && runtime_start() != 0) goto out;
+    ci_comm* c = calloc(1, sizeof(*c));
+    if (c == NULL) goto out;
+    c->comm_hash = comm_hash;
+    ci_copy_str(c->name, sizeof(c->name), name); /* NCCL keeps the caller's pointer: copy it */
+    c->rank = rank;
+    c->nranks = nranks;
+    c->nnodes = nnodes;
+    c->abi = abi;
+    if (nranks > 0 && nranks <= (1 << 20)) c->p2p_seq = calloc(2 * (size_t)nranks, sizeof(uint64_t));
+    c->next = g_comms;
+    g_comms = c;
+    g_live_comms++;
+    if (mask != NULL) *mask = abi == 5 ? MASK_V5 : MASK_V4;
+    ci_autostart_agent(&ci_rt->cfg);
+    *ctx = c;
+out:
+    pthread_mutex_unlock(&g_init_lock);
+    return 0;
+}
+
+static ncclResult_t ci_finalize(void* ctx) {
+    if (ctx == NULL) return 0;
+    pthread_mutex_lock(&g_init_lock);
+    if (ci_rt != NULL) ci_writer_finalize_comm(ci_rt, (ci_comm*)ctx);
+    if (--g_live_comms <= 0) {
+        g_live_comms = 0;
+        runtime_stop(); /* joins the writer: NCCL may dlclose us next */
+    }
+    pthread_mutex_unlock(&g_init_lock);
+    return 0;
+}
+
+/* ---------------- ABI v5 ---------------- */
+
+static ncclResult_t v5_init(void** ctx, uint64_t comm_id, int* mask, const char* name, int nnodes, int nranks,
+                            int rank, ncclDebugLogger_t logfn) {
+    return ci_init(ctx, 5, comm_id, mask, name, nnodes, nranks, rank, logfn);
+}
+
+static ncclResult_t v5_start(void* ctx, void** handle, ncclProfilerEventDescr_v5_t* d) {
+    if (handle == NULL) return 0;
+    *handle = NULL;
+    if (ctx == NULL || d == NULL || ci_rt == NULL) return 0;
+    ci_comm* c = ctx;
+    switch (d->type) {
+    case ncclProfileColl:
+        *handle = op_start(c, d->parentObj, CI_KIND_COLL, d->coll.seqNumber, d->coll.func, d->coll.count,
+                           d->coll.root, d->coll.datatype, d->coll.nChannels, d->coll.algo, d->coll.proto);
+        break;
+    case ncclProfileP2p:
+        *handle = op_start(c, d->parentObj, CI_KIND_P2P, p2p_seq(c, d->p2p.func, d->p2p.peer), d->p2p.func,
+                           d->p2p.count, d->p2p.peer, d->p2p.datatype, d->p2p.nChannels, NULL, NULL);
+        break;
+    case ncclProfileKernelCh: *handle = child_start(d->parentObj, TAG_KCH, d->kernelCh.pTimer); break;
+    case ncclProfileProxyOp: *handle = child_start(d->parentObj, TAG_PROXY, 0); break;
+    case ncclProfileCollApi: *handle = api_handle(d->collApi.stream); break;
+    case ncclProfileP2pApi: *handle = api_handle(d->p2pApi.stream); break;
+    default: break; /* Group, GroupApi, KernelLaunch, ProxyStep, ProxyCtrl, NetPlugin: not needed */
+    }
+    return 0;
+}
+
+static ncclResult_t v5_record(void* handle, int state, ncclProfilerEventStateArgs_v5_t* args) {
+    return ci_record_state(handle, state, args);
+}
+
+/* ---------------- ABI v4: a shim over the same implementation ---------------- */
+
+static ncclResult_t v4_init(void** ctx, int* mask, const char* name, uint64_t comm_hash, int nnodes, int nranks,
+                            int rank, ncclDebugLogger_t logfn) {
+    return ci_init(ctx, 4, comm_hash, mask, name, nnodes, nranks, rank, logfn);
+}
+
+static ncclResult_t v4_start(void* ctx, void** handle, ncclProfilerEventDescr_v4_t* d) {
+    if (handle == NULL) return 0;
+    *handle = NULL;
+    if (ctx == NULL || d == NULL || ci_rt == NULL) return 0;
+    ci_comm* c = ctx;
+    switch (d->type) {
+    case ncclProfileColl:
+        *handle = op_start(c, d->parentObj, CI_KIND_COLL, d->coll.seqNumber, d->coll.func, d->coll.count,
+                           d->coll.root, d->coll.datatype, d->coll.nChannels, d->coll.algo, d->coll.proto);
+        break;
+    case ncclProfileP2p:
+        *handle = op_start(c, d->parentObj, CI_KIND_P2P, p2p_seq(c, d->p2p.func, d->p2p.peer), d->p2p.func,
+                           d->p2p.count, d->p2p.peer, d->p2p.datatype, d->p2p.nChannels, NULL, NULL);
+        break;
+    case ncclProfileKernelCh: *handle = child_start(d->parentObj, TAG_KCH, d->kernelCh.pTimer); break;
+    case ncclProfileProxyOp: *handle = child_start(d->parentObj, TAG_PROXY, 0); break;
+    default: break;
+    }
+    return 0;
+}
+
+static ncclResult_t v4_record(void* handle, int state, ncclProfilerEventStateArgs_v4_t* args) {
+    return ci_record_state(handle, state, args);
+}
+
+/* ---------------- exported tables: the only visible symbols ---------------- */
+
+CI_EXPORT ncclProfiler_v5_t ncclProfiler_v5 = {"CommInsight", v5_init, v5_start, ci_stop, v5_record, ci_finalize};
+CI_EXPORT ncclProfiler_v4_t ncclProfiler_v4 = {"CommInsight", v4_init, v4_start, ci_stop, v4_record, ci_finalize};

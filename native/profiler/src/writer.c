@@ -1,0 +1,175 @@
+/*
+ * writer.c - the background writer: drains completed operations into the
+ * shared-memory ring and the raw-log segments.
+ *
+ * The hot path only pushes slot indices onto per-shard queues; this thread
+ * (started at the first init, joined at the last finalize) wakes every
+ * writer_interval_ms, converts each completed slot into a sealed
+ * ci_op_record (tick -> CLOCK_REALTIME ns, checksum), hands it to the sinks,
+ * frees the slot and runs the hang scan. out_lock serialises it with
+ * finalize, which drains and abandons a communicator's operations itself.
+ */
+#include <string.h>
+#include <unistd.h>
+
+#include "ci_internal.h"
+
+size_t ci_dtype_size(const char* d) {
+    /* NCCL's names: ncclInt8 ... ncclFloat64, ncclBfloat16, ncclFloat8e4m3; ncclUint8 arrives as "Unknown" */
+    size_t n = strlen(d);
+    if (n == 0) return 1;
+    if (strcmp(d, "Unknown") == 0) return 1;
+    if (n >= 2 && strcmp(d + n - 2, "16") == 0) return 2;
+    if (n >= 2 && strcmp(d + n - 2, "32") == 0) return 4;
+    if (n >= 2 && strcmp(d + n - 2, "64") == 0) return 8;
+    if (strstr(d, "8") != NULL) return 1;
+    if (strcmp(d, "ncclHalf") == 0) return 2;
+    if (strcmp(d, "ncclDouble") == 0) return 8;
+    if (strcmp(d, "ncclFloat") == 0 || strcmp(d, "ncclInt") == 0) return 4;
+    return 1;
+}
+
+static uint32_t fnv_words(const ci_op_record* r) {
+    uint32_t words[CI_RECORD_SIZE / 4];
+    memcpy(words, r, sizeof(words));
+    words[1] = 0; /* the checksum field counts as zero */
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < CI_RECORD_SIZE / 4; i++) h = (h ^ words[i]) * 16777619u;
+    return h;
+}
+
+static void fill_record(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op_record* r) {
+    memset(r, 0, sizeof(*r));
+    const ci_comm* c = op->comm;
+    uint64_t refs = atomic_load_explicit(&op->refs, memory_order_acquire);
+    uint32_t kch = (uint32_t)((refs >> 32) & 0xffff);
+    r->magic = CI_RECORD_MAGIC;
+    r->kind = op->kind;
+    r->state = state;
+    r->n_channels = (uint8_t)(kch ? (kch > 255 ? 255 : kch) : op->n_channels);
+    r->flags = op->flags;
+    r->rank = c->rank;
+    r->nranks = c->nranks;
+    r->nnodes = c->nnodes;
+    r->peer = op->peer;
+    r->pid = rt->pid;
+    r->tid = op->tid;
+    r->cuda_device = rt->cuda_device;
+    r->comm_hash = c->comm_hash;
+    r->seq = op->seq;
+    r->count = op->count;
+    r->bytes = op->count * ci_dtype_size(op->dtype);
+    r->stream = op->stream;
+    r->enqueue_start_ns = ci_clock_to_ns(&rt->clock, atomic_load_explicit(&op->t_start, memory_order_relaxed));
+    r->enqueue_end_ns = ci_clock_to_ns(&rt->clock, atomic_load_explicit(&op->t_stop, memory_order_relaxed));
+    r->complete_ns = state == CI_STATE_COMPLETED ? ci_clock_to_ns(&rt->clock, op->t_complete) : 0;
+    uint64_t gs = atomic_load_explicit(&op->gpu_start, memory_order_relaxed);
+    uint64_t ge = atomic_load_explicit(&op->gpu_end, memory_order_relaxed);
+    r->gpu_start_ns = gs == UINT64_MAX ? 0 : gs;
+    r->gpu_end_ns = ge;
+    if (r->gpu_start_ns != 0 && r->gpu_end_ns != 0) r->flags |= CI_FLAG_GPU_TIMES;
+    r->record_seq = rt->record_seq++;
+    memcpy(r->func, op->func, sizeof(r->func));
+    memcpy(r->dtype, op->dtype, sizeof(r->dtype));
+    memcpy(r->algo, op->algo, sizeof(r->algo));
+    memcpy(r->proto, op->proto, sizeof(r->proto));
+    memcpy(r->comm_name, c->name, sizeof(r->comm_name));
+    r->comm_name[sizeof(r->comm_name) - 1] = '\0';
+    r->checksum = fnv_words(r);
+}
+
+static uint64_t total_lost(ci_runtime* rt) {
+    uint64_t lost = rt->seg.lost;
+    for (int s = 0; s < CI_SHARDS; s++) lost += atomic_load_explicit(&rt->shards[s].lost, memory_order_relaxed);
+    return lost;
+}
+
+void ci_writer_flush_locked(ci_runtime* rt) {
+    if (rt->batch_n == 0) return;
+    if (rt->cfg.log_enable) ci_segment_append(&rt->seg, rt->batch, rt->batch_n, ci_realtime_ns());
+    rt->batch_n = 0;
+}
+
+void ci_writer_emit_locked(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op_record* copy) {
+    ci_op_record* r = &rt->batch[rt->batch_n];
+    fill_record(rt, op, state, r);
+    if (copy != NULL) *copy = *r;
+    if (rt->ring_ok) ci_ring_push(&rt->ring, r);
+    if (++rt->batch_n == sizeof(rt->batch) / sizeof(rt->batch[0])) ci_writer_flush_locked(rt);
+}
+
+static void drain_locked(ci_runtime* rt) {
+    for (int s = 0; s < CI_SHARDS; s++) {
+        uint32_t idx;
+        while (ci_queue_pop(&rt->done_q[s], &idx) == 0) {
+            ci_op* op = &rt->pool.ops[idx];
+            ci_writer_emit_locked(rt, op, CI_STATE_COMPLETED, NULL);
+            ci_pool_release(&rt->pool, op);
+        }
+    }
+    ci_writer_flush_locked(rt);
+}
+
+void ci_writer_cycle_locked(ci_runtime* rt) {
+    ci_clock_anchor(&rt->clock);
+    drain_locked(rt);
+    uint64_t now = ci_realtime_ns();
+    if (rt->cfg.log_enable) ci_segment_tick(&rt->seg, now);
+    if (rt->ring_ok) ci_ring_set_lost(&rt->ring, total_lost(rt));
+    if (rt->cfg.hang_timeout_s > 0 && now - rt->last_hang_scan_ns > 1000000000ull) {
+        rt->last_hang_scan_ns = now;
+        ci_hang_scan_locked(rt, now);
+    }
+}
+
+static void* writer_main(void* arg) {
+    ci_runtime* rt = arg;
+    struct timespec nap = {(time_t)(rt->cfg.writer_interval_ms / 1000),
+                           (long)(rt->cfg.writer_interval_ms % 1000) * 1000000L};
+    while (!atomic_load_explicit(&rt->stop, memory_order_acquire)) {
+        pthread_mutex_lock(&rt->out_lock);
+        ci_writer_cycle_locked(rt);
+        pthread_mutex_unlock(&rt->out_lock);
+        nanosleep(&nap, NULL);
+    }
+    return NULL;
+}
+
+int ci_writer_start(ci_runtime* rt) {
+    atomic_store(&rt->stop, 0);
+    if (pthread_create(&rt->thread, NULL, writer_main, rt) != 0) {
+        ci_warn("cannot start the writer thread; events are kept until the pool fills, then counted as lost");
+        return -1;
+    }
+    rt->thread_running = 1;
+    return 0;
+}
+
+void ci_writer_stop(ci_runtime* rt) {
+    if (rt->thread_running) {
+        atomic_store_explicit(&rt->stop, 1, memory_order_release);
+        pthread_join(rt->thread, NULL);
+        rt->thread_running = 0;
+    }
+    pthread_mutex_lock(&rt->out_lock);
+    ci_clock_anchor(&rt->clock);
+    drain_locked(rt);
+    ci_hang_abandon_locked(rt, NULL);
+    ci_writer_flush_locked(rt);
+    if (rt->ring_ok) {
+        ci_ring_set_lost(&rt->ring, total_lost(rt));
+        ci_ring_close(&rt->ring);
+        rt->ring_ok = 0;
+    }
+    if (rt->cfg.log_enable) ci_segment_close(&rt->seg);
+    pthread_mutex_unlock(&rt->out_lock);
+}
+
+void ci_writer_finalize_comm(ci_runtime* rt, const ci_comm* comm) {
+    pthread_mutex_lock(&rt->out_lock);
+    ci_clock_anchor(&rt->clock);
+    drain_locked(rt);
+    ci_hang_abandon_locked(rt, comm);
+    ci_writer_flush_locked(rt);
+    pthread_mutex_unlock(&rt->out_lock);
+}

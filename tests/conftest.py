@@ -1,0 +1,57 @@
+"""Shared fixtures for the site's tests: the named personas every suite speaks about.
+
+root (the initialisation account), admin (an administrator), alice (owns a workload), bob (alice's
+workload is shared with him, read), carol (nothing shared), anonymous, and an agent token owned by alice.
+Fixtures only — importing this file costs nothing for suites that do not use them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+PASSWORD = "correct horse battery"
+
+
+@dataclass
+class Personas:
+    root: object
+    admin: object
+    alice: object
+    bob: object
+    carol: object
+    workload: object  # alice's, shared with bob (read)
+    other_workload: object  # carol's own, shared with nobody
+    agent_token: object  # alice's token object
+    agent_secret: str  # "ci_<prefix>_<secret>" of alice's token
+    carol_agent_secret: str
+
+
+@pytest.fixture(scope="session")
+def persona_password_hash() -> str:
+    """Argon2 is slow on purpose: hash the shared persona password once per test session."""
+    from django.contrib.auth.hashers import make_password
+
+    return make_password(PASSWORD)
+
+
+@pytest.fixture
+def personas(db, persona_password_hash) -> Personas:
+    from apps.accounts.models import Role, User
+    from apps.accounts.services import agent_token_create
+    from apps.workloads.models import ShareLevel, Workload, WorkloadShare
+
+    def make(name: str, role: str = Role.USER) -> User:
+        user = User(username=name, role=role, password=persona_password_hash)
+        user.save()
+        return user
+
+    root, admin = make("root", Role.ROOT), make("admin", Role.ADMIN)
+    alice, bob, carol = make("alice"), make("bob"), make("carol")
+    workload = Workload.objects.create(name="llama-pretrain", external_id="job-1", owner=alice)
+    WorkloadShare.objects.create(workload=workload, user=bob, level=ShareLevel.READ)
+    other = Workload.objects.create(name="carol-finetune", external_id="job-2", owner=carol)
+    issued = agent_token_create(owner=alice, name="node-pool-a")
+    carol_issued = agent_token_create(owner=carol, name="carol-pool")
+    return Personas(root, admin, alice, bob, carol, workload, other, issued.token, issued.secret, carol_issued.secret)

@@ -1,0 +1,200 @@
+"""Who gets what, for every route of the site: one table, checked against the URLconf.
+
+Every named route must have an entry (a new route without one fails
+``test_every_route_has_a_matrix_entry``). Each entry says, per method, the status each persona gets
+and — for lists — how many items each persona sees. Personas: anon, agent (alice's agent token, no
+session), root, admin, alice (owner), bob (alice's workload shared read), carol (not shared).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
+
+PERSONAS = ("anon", "agent", "root", "admin", "alice", "bob", "carol")
+
+
+@dataclass(frozen=True)
+class Case:
+    method: str
+    status: dict[str, int]  # persona -> expected status
+    kwargs: Callable[[object], dict] = lambda p: {}
+    body: Callable[[object], dict] | None = None
+    count: dict[str, int] = field(default_factory=dict)  # persona -> list length (API JSON or page context)
+    count_key: str = ""  # page context variable holding the list
+
+
+def statuses(anon: int, agent: int, root: int, admin: int, alice: int, bob: int, carol: int) -> dict[str, int]:
+    return dict(zip(PERSONAS, (anon, agent, root, admin, alice, bob, carol), strict=True))
+
+
+def everyone(code: int) -> dict[str, int]:
+    return dict.fromkeys(PERSONAS, code)
+
+
+def signed_in(anon: int, code: int) -> dict[str, int]:
+    """Pages: anon and agents (no session) are sent to sign in; everyone signed in gets ``code``."""
+    return statuses(anon, anon, code, code, code, code, code)
+
+
+ALICE_WORKLOAD = lambda p: {"workload_id": p.workload.pk}  # noqa: E731
+WORKLOADS_SEEN = {"root": 2, "admin": 2, "alice": 1, "bob": 1, "carol": 1}
+
+MATRIX: dict[str, list[Case]] = {
+    "healthz": [Case("get", everyone(200))],
+    "api-schema": [Case("get", everyone(200))],
+    "api-docs": [Case("get", everyone(200))],
+    "accounts:home": [Case("get", everyone(302))],
+    "accounts:init": [Case("get", everyone(404)), Case("post", everyone(404), body=lambda p: {"token": "x"})],
+    "accounts:login": [Case("get", statuses(200, 200, 302, 302, 302, 302, 302))],
+    "accounts:logout": [Case("post", everyone(302)), Case("get", everyone(405))],
+    "accounts:password_change": [Case("get", signed_in(302, 200))],
+    "accounts:users": [
+        Case("get", statuses(302, 302, 200, 200, 404, 404, 404), count={"root": 5, "admin": 5}, count_key="users"),
+        Case(
+            "post",
+            statuses(302, 302, 302, 302, 404, 404, 404),
+            body=lambda p: {"username": "dave", "password": "a long password"},
+        ),
+    ],
+    "accounts:user_role": [
+        Case(
+            "post",
+            statuses(302, 302, 302, 404, 404, 404, 404),
+            kwargs=lambda p: {"user_id": p.alice.pk},
+            body=lambda p: {"admin": "1"},
+        ),
+        Case("get", statuses(302, 302, 405, 405, 405, 405, 405), kwargs=lambda p: {"user_id": p.alice.pk}),
+    ],
+    "accounts:tokens": [
+        Case(
+            "get",
+            signed_in(302, 200),
+            count={"root": 2, "admin": 2, "alice": 1, "bob": 0, "carol": 1},
+            count_key="tokens",
+        ),
+        Case("post", signed_in(302, 201), body=lambda p: {"name": "pool-z"}),
+    ],
+    "accounts:token_revoke": [
+        Case(
+            "post",
+            statuses(302, 302, 302, 302, 302, 404, 404),
+            kwargs=lambda p: {"token_id": p.agent_token.pk},
+        )
+    ],
+    "workloads:list": [Case("get", signed_in(302, 200), count=WORKLOADS_SEEN, count_key="workloads")],
+    "workloads:detail": [Case("get", statuses(302, 302, 200, 200, 200, 200, 404), kwargs=ALICE_WORKLOAD)],
+    "api-me": [Case("get", statuses(403, 403, 200, 200, 200, 200, 200))],
+    "api-users": [
+        Case("get", statuses(403, 403, 200, 200, 404, 404, 404), count={"root": 5, "admin": 5}),
+        Case(
+            "post",
+            statuses(403, 403, 201, 201, 404, 404, 404),
+            body=lambda p: {"username": "dave", "password": "a long password"},
+        ),
+    ],
+    "api-user-role": [
+        Case(
+            "put",
+            statuses(403, 403, 200, 404, 404, 404, 404),
+            kwargs=lambda p: {"user_id": p.alice.pk},
+            body=lambda p: {"admin": True},
+        )
+    ],
+    "api-agent-tokens": [
+        Case("get", statuses(403, 403, 200, 200, 200, 200, 200), count={"root": 2, "admin": 2, "alice": 1, "bob": 0}),
+        Case("post", statuses(403, 403, 201, 201, 201, 201, 201), body=lambda p: {"name": "pool-z"}),
+    ],
+    "api-agent-token-detail": [
+        Case(
+            "delete",
+            statuses(403, 403, 204, 204, 204, 404, 404),
+            kwargs=lambda p: {"token_id": p.agent_token.pk},
+        )
+    ],
+    "api-workloads": [Case("get", statuses(403, 403, 200, 200, 200, 200, 200), count=WORKLOADS_SEEN)],
+    "api-workload-detail": [
+        Case("get", statuses(403, 403, 200, 200, 200, 200, 404), kwargs=ALICE_WORKLOAD),
+        Case("delete", statuses(403, 403, 204, 204, 204, 403, 404), kwargs=ALICE_WORKLOAD),
+    ],
+    "api-workload-shares": [
+        Case(
+            "get",
+            statuses(403, 403, 200, 200, 200, 403, 404),
+            kwargs=ALICE_WORKLOAD,
+            count={"root": 1, "admin": 1, "alice": 1},
+        ),
+        Case(
+            "post",
+            statuses(403, 403, 201, 201, 201, 403, 404),
+            kwargs=ALICE_WORKLOAD,
+            body=lambda p: {"username": "carol", "level": "read"},
+        ),
+    ],
+    "api-workload-share-detail": [
+        Case(
+            "delete",
+            statuses(403, 403, 204, 204, 204, 403, 404),
+            kwargs=lambda p: {"workload_id": p.workload.pk, "user_id": p.bob.pk},
+        )
+    ],
+}
+
+
+def route_names(patterns=None, namespace: str = "") -> set[str]:
+    names: set[str] = set()
+    for entry in patterns if patterns is not None else get_resolver().url_patterns:
+        if isinstance(entry, URLResolver):
+            inner = f"{namespace}{entry.namespace}:" if entry.namespace else namespace
+            names |= route_names(entry.url_patterns, inner)
+        elif isinstance(entry, URLPattern):
+            assert entry.name, f"route {entry.pattern} has no name; the matrix cannot cover it"
+            names.add(f"{namespace}{entry.name}")
+    return names
+
+
+def test_every_route_has_a_matrix_entry():
+    routes = route_names()
+    assert routes - MATRIX.keys() == set(), "routes missing from the permission matrix"
+    assert MATRIX.keys() - routes == set(), "matrix entries for routes that no longer exist"
+
+
+def client_for(persona: str, p) -> Client:
+    if persona == "anon":
+        return Client()
+    if persona == "agent":
+        return Client(HTTP_AUTHORIZATION=f"Bearer {p.agent_secret}")
+    client = Client()
+    client.force_login(getattr(p, persona))
+    return client
+
+
+CASES = [
+    pytest.param(name, index, persona, id=f"{name}-{case.method}-{persona}")
+    for name, cases in MATRIX.items()
+    for index, case in enumerate(cases)
+    for persona in PERSONAS
+]
+
+
+@pytest.mark.parametrize(("route", "index", "persona"), CASES)
+def test_route_answers_each_persona_as_the_matrix_says(personas, route, index, persona):
+    case = MATRIX[route][index]
+    url = reverse(route, kwargs=case.kwargs(personas))
+    client = client_for(persona, personas)
+    send = getattr(client, case.method)
+    if case.body is None:
+        response = send(url)
+    elif route.startswith("api-"):
+        response = send(url, data=json.dumps(case.body(personas)), content_type="application/json")
+    else:
+        response = send(url, data=case.body(personas))
+    assert response.status_code == case.status[persona], getattr(response, "content", b"")[:300]
+    if persona in case.count:
+        items = response.context[case.count_key] if case.count_key else response.json()
+        assert len(items) == case.count[persona]
