@@ -107,12 +107,18 @@ def main() -> None:
         checked = n_base / python_loop(path, min(n_base, 20_000), check=True) * min(n_base, 20_000) / n_base
         writer.close()
         reader.close()
-    print(f"agent ingest (RingReader + columns, batch {args.batch}): {agent_rate / 1e6:8.2f} M records/s "
-          f"({consumed} records)")
-    print(f"baseline python loop, struct.unpack per record:           {plain / 1e6:8.3f} M records/s "
-          f"-> agent is {agent_rate / plain:6.1f}x")
-    print(f"baseline python loop, struct.unpack + checksum per record: {checked / 1e6:8.3f} M records/s "
-          f"-> agent is {agent_rate / checked:6.1f}x")
+    print(
+        f"agent ingest (RingReader + columns, batch {args.batch}): {agent_rate / 1e6:8.2f} M records/s "
+        f"({consumed} records)"
+    )
+    print(
+        f"baseline python loop, struct.unpack per record:           {plain / 1e6:8.3f} M records/s "
+        f"-> agent is {agent_rate / plain:6.1f}x"
+    )
+    print(
+        f"baseline python loop, struct.unpack + checksum per record: {checked / 1e6:8.3f} M records/s "
+        f"-> agent is {agent_rate / checked:6.1f}x"
+    )
     print(f"target >= 5 M records/s: {'met' if agent_rate >= 5e6 else 'NOT met'}")
 
 

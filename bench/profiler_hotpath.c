@@ -23,6 +23,10 @@
 
 #include "nccl_profiler_abi.h"
 
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
+
 static int BATCHES = 40, OPS = 500;
 
 typedef struct worker {
@@ -103,6 +107,30 @@ static double measure(ncclProfiler_v5_t* p, void* ctx, int threads, long* droppe
     return median;
 }
 
+/* What one timestamp costs here: the floor under any hot path that takes one. */
+static void print_clock_costs(void) {
+    const int n = 200000;
+    struct timespec ts;
+    uint64_t sink = 0;
+    clockid_t ids[] = {CLOCK_MONOTONIC, CLOCK_MONOTONIC_COARSE, CLOCK_REALTIME};
+    const char* names[] = {"CLOCK_MONOTONIC", "CLOCK_MONOTONIC_COARSE", "CLOCK_REALTIME"};
+    printf("timestamp cost (ns per read):");
+#if defined(__x86_64__)
+    double t0 = now_ns();
+    for (int i = 0; i < n; i++) sink += __rdtsc();
+    printf(" rdtsc %.1f;", (now_ns() - t0) / n);
+#endif
+    for (int k = 0; k < 3; k++) {
+        double t1 = now_ns();
+        for (int i = 0; i < n; i++) {
+            clock_gettime(ids[k], &ts);
+            sink += (uint64_t)ts.tv_nsec;
+        }
+        printf(" %s %.1f;", names[k], (now_ns() - t1) / n);
+    }
+    printf(" (sink %llu)\n", (unsigned long long)(sink & 1));
+}
+
 static ncclProfiler_v5_t* load(const char* path, void** dl) {
     *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (*dl == NULL) {
@@ -147,6 +175,8 @@ int main(int argc, char** argv) {
     struct timespec drain = {0, 200000000};
     nanosleep(&drain, NULL);
 
+    print_clock_costs();
+    printf("tick source: COMMINSIGHT_CLOCK=%s\n", getenv("COMMINSIGHT_CLOCK") ? getenv("COMMINSIGHT_CLOCK") : "auto");
     printf("profiler hot path: ns per start/stop pair (median of %d batches x %d ops per thread; 2 pairs per op)\n",
            BATCHES, OPS);
     printf("%7s | %10s | %12s | %9s | %6s | %7s\n", "threads", "noop ns", "plugin ns", "added ns", "ratio", "dropped");

@@ -125,7 +125,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_QUEUE", default="comminsight")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
-CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
+CELERY_BEAT_SCHEDULE: dict[str, dict] = {}  # filled below, once the intervals are read
 
 # --- Accounts and security -----------------------------------------------------------------------------------
 AUTH_USER_MODEL = "accounts.User"
@@ -227,6 +227,20 @@ INGEST_MAX_ARCHIVE_BYTES = env.int("COMMINSIGHT_INGEST_MAX_ARCHIVE_BYTES", defau
 INGEST_MAX_ONESHOT_BYTES = env.int("COMMINSIGHT_INGEST_MAX_ONESHOT_BYTES", default=32 * 1024 * 1024)
 INGEST_TOKEN_MAX_BYTES = env.int("COMMINSIGHT_INGEST_TOKEN_MAX_BYTES", default=200 * 1024**3)
 INGEST_OWNER_QUOTA_BYTES = env.int("COMMINSIGHT_INGEST_OWNER_QUOTA_BYTES", default=500 * 1024**3)
+INGEST_ARCHIVE_MAX_MEMBERS = env.int("COMMINSIGHT_INGEST_ARCHIVE_MAX_MEMBERS", default=10_000)
+INGEST_ARCHIVE_MAX_MEMBER_BYTES = env.int("COMMINSIGHT_INGEST_ARCHIVE_MAX_MEMBER_BYTES", default=1024**3)
+INGEST_ARCHIVE_MAX_TOTAL_BYTES = env.int("COMMINSIGHT_INGEST_ARCHIVE_MAX_TOTAL_BYTES", default=8 * 1024**3)
+INGEST_ARCHIVE_MAX_RATIO = env.float("COMMINSIGHT_INGEST_ARCHIVE_MAX_RATIO", default=200.0)
+INGEST_TASK_TIME_LIMIT_S = env.int("COMMINSIGHT_INGEST_TASK_TIME_LIMIT_S", default=1800)
+INGEST_LIVE_MAX_BYTES = env.int("COMMINSIGHT_INGEST_LIVE_MAX_BYTES", default=1024 * 1024)
+DISCOVERY_INTERVAL_S = env.float("COMMINSIGHT_DISCOVERY_INTERVAL_S", default=30.0)
 WORKLOAD_LOST_AFTER_S = env.int("COMMINSIGHT_WORKLOAD_LOST_AFTER_S", default=300)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
+
+CELERY_BEAT_SCHEDULE.update(
+    {
+        "discover-archives": {"task": "apps.workloads.tasks.discover_archives", "schedule": DISCOVERY_INTERVAL_S},
+        "mark-lost-workloads": {"task": "apps.workloads.tasks.mark_lost_workloads", "schedule": 60.0},
+    }
+)

@@ -66,9 +66,8 @@ def worker(args: argparse.Namespace) -> None:
     mine = groups[0] if rank < half else groups[1]
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 16)
-    ).to(device)
+    layers = [torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(1024, 16)).to(device)
     ddp = DistributedDataParallel(model, device_ids=[0])
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
     generator = torch.Generator(device=device).manual_seed(rank)
@@ -132,7 +131,8 @@ def read_logs(log_dir: Path) -> tuple[np.ndarray, list[dict]]:
     """All valid records of every segment under ``log_dir``, and one summary per segment."""
     text = HEADER.read_text()
     rec_dt, hdr_dt = _struct_dtype(text, "ci_op_record"), _struct_dtype(text, "ci_log_header")
-    assert rec_dt.itemsize == 256 and hdr_dt.itemsize == 512, (rec_dt.itemsize, hdr_dt.itemsize)
+    if (rec_dt.itemsize, hdr_dt.itemsize) != (256, 512):
+        raise ValueError(f"layout derived from {HEADER} is off: {rec_dt.itemsize}, {hdr_dt.itemsize}")
     parts, segments = [], []
     for path in sorted(log_dir.glob("*.cilog*")):
         data = path.read_bytes()
@@ -265,6 +265,7 @@ def run_phase(name: str, plugin: str | None, args: argparse.Namespace, work: Pat
     print(f"[{name}] exit codes {codes}, {time.monotonic() - t0:.1f} s, {len(results)} results", flush=True)
     return {
         "name": name,
+        "plugin": bool(plugin),
         "codes": codes,
         "results": results,
         "home": home,
@@ -309,8 +310,8 @@ def main() -> int:
     for round_no in range(args.rounds):
         phases.append(run_phase(f"without{round_no}", None, args, work))
         phases.append(run_phase(f"with{round_no}", plugin, args, work))
-    with_steps = [t for p in phases if p["name"].startswith("with") and not p["name"].startswith("without") for r in p["results"] for t in r["step_s"]]
-    without_steps = [t for p in phases if p["name"].startswith("without") for r in p["results"] for t in r["step_s"]]
+    with_steps = [t for p in phases if p["plugin"] for r in p["results"] for t in r["step_s"]]
+    without_steps = [t for p in phases if not p["plugin"] for r in p["results"] for t in r["step_s"]]
 
     summary: dict = {"versions": versions, "ranks": args.ranks, "steps": args.steps, "warmup": args.warmup}
     summary["phases"] = [
@@ -323,7 +324,7 @@ def main() -> int:
         summary["mean_step_time_ratio"] = statistics.mean(with_steps) / statistics.mean(without_steps)
 
     # the proof uses the last phase with the plugin (its homes hold the logs)
-    last_with = [p for p in phases if p["name"].startswith("with") and not p["name"].startswith("without")][-1]
+    last_with = [p for p in phases if p["plugin"]][-1]
     home = last_with["home"]
     records, segments = read_logs(home / "inspector_logs")
     summary["segments"] = segments

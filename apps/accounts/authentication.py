@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.permissions import BasePermission
@@ -40,3 +41,13 @@ class HasIngestToken(BasePermission):
 
     def has_permission(self, request: Request, view: object) -> bool:
         return isinstance(request.auth, AgentToken) and request.auth.scope == AgentTokenScope.INGEST
+
+
+class AgentTokenScheme(OpenApiAuthenticationExtension):
+    """Describes agent-token authentication in the OpenAPI schema (HTTP bearer)."""
+
+    target_class = AgentTokenAuthentication
+    name = "agentToken"
+
+    def get_security_definition(self, auto_schema: object) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "description": "Agent token: ci_<prefix>_<secret>"}

@@ -192,7 +192,10 @@ class SystemSettings(models.Model):
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     archive_path = models.CharField(
-        max_length=1024, blank=True, default="", help_text="the shared mount; the site scans <path>/comminsight/02_archives"
+        max_length=1024,
+        blank=True,
+        default="",
+        help_text="the shared mount; the site scans <path>/comminsight/02_archives",
     )
     discovery_owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"

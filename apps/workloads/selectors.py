@@ -7,11 +7,11 @@ Every page, API view, download and websocket subscription starts from it, so "no
 from __future__ import annotations
 
 from django.contrib.auth.models import AnonymousUser
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
 from apps.accounts.models import User
 
-from .models import ShareLevel, Workload, WorkloadShare
+from .models import Archive, ArchiveState, ShareLevel, Workload, WorkloadShare
 
 
 def workloads_visible_to(user: User | AnonymousUser) -> QuerySet[Workload]:
@@ -37,3 +37,20 @@ def workloads_manageable_by(user: User | AnonymousUser) -> QuerySet[Workload]:
 
 def workload_can_manage(user: User | AnonymousUser, workload: Workload) -> bool:
     return workloads_manageable_by(user).filter(pk=workload.pk).exists()
+
+
+def workloads_with_counts(workloads: QuerySet[Workload]) -> QuerySet[Workload]:
+    """Annotate nodes, ranks and archives per workload for lists (one query)."""
+    return workloads.annotate(
+        node_count=Count("nodes", distinct=True),
+        rank_count=Count("ranks", distinct=True),
+        archive_count=Count("archives", distinct=True),
+    )
+
+
+def quarantined_archives_visible_to(user: User | AnonymousUser) -> QuerySet[Archive]:
+    """Quarantined archives the user should hear about: their own (all of them for administrators)."""
+    if not user.is_authenticated or not user.is_active:
+        return Archive.objects.none()
+    archives = Archive.objects.filter(state=ArchiveState.QUARANTINED).select_related("owner")
+    return archives if user.is_site_admin else archives.filter(owner=user)

@@ -24,9 +24,21 @@ from comminsight.formats.ring import RingWriter, create_ring
 C = header.constants()
 
 
-def make_records(n: int, *, comm_hash: int = 0xABCDEF0123456789, rank: int = 0, nranks: int = 1, pid: int = 1,
-                 first_seq: int = 0, first_record_seq: int = 0, func: str = "AllReduce", state: int | None = None,
-                 nbytes: int = 1 << 20, start_ns: int | None = None, comm_name: str = "dp") -> np.ndarray:
+def make_records(
+    n: int,
+    *,
+    comm_hash: int = 0xABCDEF0123456789,
+    rank: int = 0,
+    nranks: int = 1,
+    pid: int = 1,
+    first_seq: int = 0,
+    first_record_seq: int = 0,
+    func: str = "AllReduce",
+    state: int | None = None,
+    nbytes: int = 1 << 20,
+    start_ns: int | None = None,
+    comm_name: str = "dp",
+) -> np.ndarray:
     """``n`` sealed records of consecutive seq on one communicator and rank."""
     records = np.zeros(n, dtype=header.record_dtype())
     t0 = start_ns or time.time_ns()
@@ -59,8 +71,16 @@ def make_records(n: int, *, comm_hash: int = 0xABCDEF0123456789, rank: int = 0, 
     return records
 
 
-def segment_header(*, pid: int, index: int = 0, global_rank: int = 0, world_size: int = 1, host: str = "",
-                   workload: str = "", start_ns: int = 0) -> bytes:
+def segment_header(
+    *,
+    pid: int,
+    index: int = 0,
+    global_rank: int = 0,
+    world_size: int = 1,
+    host: str = "",
+    workload: str = "",
+    start_ns: int = 0,
+) -> bytes:
     hdr = np.zeros(1, dtype=header.struct_dtype("ci_log_header"))
     hdr["magic"] = C["CI_LOG_MAGIC"]
     hdr["version"] = C["CI_FORMAT_VERSION"]
@@ -77,8 +97,16 @@ def segment_header(*, pid: int, index: int = 0, global_rank: int = 0, world_size
     return hdr.tobytes()
 
 
-def write_segment(logs_dir: Path, records: np.ndarray, *, pid: int, index: int = 0, global_rank: int = 0,
-                  sealed: bool = True, name: str | None = None) -> Path:
+def write_segment(
+    logs_dir: Path,
+    records: np.ndarray,
+    *,
+    pid: int,
+    index: int = 0,
+    global_rank: int = 0,
+    sealed: bool = True,
+    name: str | None = None,
+) -> Path:
     logs_dir.mkdir(parents=True, exist_ok=True)
     path = logs_dir / (name or f"testhost-{pid}-1-{index}.cilog")
     path.write_bytes(segment_header(pid=pid, index=index, global_rank=global_rank) + records.tobytes())
@@ -92,8 +120,7 @@ def write_segment(logs_dir: Path, records: np.ndarray, *, pid: int, index: int =
 class Rank:
     """One writer process: ring + rotating segments."""
 
-    def __init__(self, home: Path, rank: int, nranks: int, capacity: int, segment_records: int,
-                 comm_hash: int) -> None:
+    def __init__(self, home: Path, rank: int, nranks: int, capacity: int, segment_records: int, comm_hash: int) -> None:
         self.home = home
         self.rank = rank
         self.nranks = nranks
@@ -118,10 +145,20 @@ class Rank:
     def _open_segment(self) -> None:
         self._seal_segment()
         self.segment_index += 1
-        self.segment_path = self.home / "inspector_logs" / f"testhost-{self.pid}-{self.start_ns}-{self.segment_index}.cilog"
+        self.segment_path = (
+            self.home / "inspector_logs" / f"testhost-{self.pid}-{self.start_ns}-{self.segment_index}.cilog"
+        )
         self.segment_fd = os.open(self.segment_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.write(self.segment_fd, segment_header(pid=self.pid, index=self.segment_index, global_rank=self.rank,
-                                                 world_size=self.nranks, start_ns=self.start_ns))
+        os.write(
+            self.segment_fd,
+            segment_header(
+                pid=self.pid,
+                index=self.segment_index,
+                global_rank=self.rank,
+                world_size=self.nranks,
+                start_ns=self.start_ns,
+            ),
+        )
         self.in_segment = 0
 
     def _seal_segment(self) -> None:
@@ -131,8 +168,16 @@ class Rank:
             self.segment_fd = -1
 
     def emit(self, seq: int, state: int | None = None) -> None:
-        record = make_records(1, comm_hash=self.comm_hash, rank=self.rank, nranks=self.nranks, pid=self.pid,
-                              first_seq=seq, first_record_seq=self.record_seq, state=state)
+        record = make_records(
+            1,
+            comm_hash=self.comm_hash,
+            rank=self.rank,
+            nranks=self.nranks,
+            pid=self.pid,
+            first_seq=seq,
+            first_record_seq=self.record_seq,
+            state=state,
+        )
         self.record_seq += 1
         self.ring.write(record)
         os.write(self.segment_fd, record.tobytes())

@@ -3,7 +3,8 @@
 Every named route must have an entry (a new route without one fails
 ``test_every_route_has_a_matrix_entry``). Each entry says, per method, the status each persona gets
 and — for lists — how many items each persona sees. Personas: anon, agent (alice's agent token, no
-session), root, admin, alice (owner), bob (alice's workload shared read), carol (not shared).
+session), root, admin, alice (owner), bob (alice's workload shared read), carol (not shared),
+carol_agent (carol's agent token: another owner's machine credential).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
-PERSONAS = ("anon", "agent", "root", "admin", "alice", "bob", "carol")
+PERSONAS = ("anon", "agent", "root", "admin", "alice", "bob", "carol", "carol_agent")
 
 
 @dataclass(frozen=True)
@@ -25,12 +26,39 @@ class Case:
     status: dict[str, int]  # persona -> expected status
     kwargs: Callable[[object], dict] = lambda p: {}
     body: Callable[[object], dict] | None = None
+    content: Callable[[object], bytes] | None = None  # raw body (ingest chunks)
+    headers: Callable[[object], dict] | None = None
+    multipart: bool = False
     count: dict[str, int] = field(default_factory=dict)  # persona -> list length (API JSON or page context)
     count_key: str = ""  # page context variable holding the list
 
 
-def statuses(anon: int, agent: int, root: int, admin: int, alice: int, bob: int, carol: int) -> dict[str, int]:
-    return dict(zip(PERSONAS, (anon, agent, root, admin, alice, bob, carol), strict=True))
+def statuses(
+    anon: int, agent: int, root: int, admin: int, alice: int, bob: int, carol: int, carol_agent: int | None = None
+) -> dict[str, int]:
+    """Status per persona; carol's agent token gets what alice's does unless said otherwise."""
+    codes = (anon, agent, root, admin, alice, bob, carol, agent if carol_agent is None else carol_agent)
+    return dict(zip(PERSONAS, codes, strict=True))
+
+
+def machine(agent: int, carol_agent: int | None = None) -> dict[str, int]:
+    """Ingest API: only agent tokens; sessions and anonymous callers are 401 (Bearer challenge)."""
+    return statuses(401, agent, 401, 401, 401, 401, 401, carol_agent)
+
+
+def alice_upload(p) -> dict:
+    """An open upload made by alice's agent token (created on first use in a test)."""
+    from apps.workloads.uploads import upload_create
+
+    if not hasattr(p, "upload"):
+        p.upload = upload_create(token=p.agent_token, sha256="ab" * 32, size=10, filename="a.tar.zst").upload
+    return {"upload_id": p.upload.id}
+
+
+def chunk_headers(p) -> dict:
+    import hashlib
+
+    return {"HTTP_UPLOAD_OFFSET": "0", "HTTP_UPLOAD_CHECKSUM": f"sha256 {hashlib.sha256(b'01234').hexdigest()}"}
 
 
 def everyone(code: int) -> dict[str, int]:
@@ -39,7 +67,7 @@ def everyone(code: int) -> dict[str, int]:
 
 def signed_in(anon: int, code: int) -> dict[str, int]:
     """Pages: anon and agents (no session) are sent to sign in; everyone signed in gets ``code``."""
-    return statuses(anon, anon, code, code, code, code, code)
+    return statuses(anon, anon, code, code, code, code, code, anon)
 
 
 ALICE_WORKLOAD = lambda p: {"workload_id": p.workload.pk}  # noqa: E731
@@ -89,6 +117,41 @@ MATRIX: dict[str, list[Case]] = {
     ],
     "workloads:list": [Case("get", signed_in(302, 200), count=WORKLOADS_SEEN, count_key="workloads")],
     "workloads:detail": [Case("get", statuses(302, 302, 200, 200, 200, 200, 404), kwargs=ALICE_WORKLOAD)],
+    "workloads:settings": [
+        Case("get", statuses(302, 302, 200, 200, 404, 404, 404)),
+        Case("post", statuses(302, 302, 302, 302, 404, 404, 404), body=lambda p: {"archive_path": "/srv/shared"}),
+    ],
+    "api-workload-archives": [
+        Case(
+            "get",
+            statuses(403, 403, 200, 200, 200, 200, 404),
+            kwargs=ALICE_WORKLOAD,
+            count={"root": 0, "alice": 0, "bob": 0},
+        )
+    ],
+    "api-ingest-uploads": [
+        Case(
+            "post",
+            machine(201),
+            body=lambda p: {"sha256": "cd" * 32, "size": 100, "filename": "ci-job-n1-1-2.tar.zst"},
+        )
+    ],
+    "api-ingest-upload": [
+        Case("head", machine(200, 404), kwargs=alice_upload),
+        Case("patch", machine(204, 404), kwargs=alice_upload, content=lambda p: b"01234", headers=chunk_headers),
+    ],
+    "api-ingest-upload-finalize": [Case("post", machine(409, 404), kwargs=alice_upload)],
+    "api-ingest-archives": [
+        Case(
+            "post",
+            machine(201),
+            multipart=True,
+            body=lambda p: {"file": _named_bytes(b"tiny"), "sha256": __import__("hashlib").sha256(b"tiny").hexdigest()},
+        )
+    ],
+    "api-ingest-live": [
+        Case("post", machine(202), body=lambda p: {"workload_id": "job-1", "node": "10.0.0.1", "sent_ns": 1})
+    ],
     "api-me": [Case("get", statuses(403, 403, 200, 200, 200, 200, 200))],
     "api-users": [
         Case("get", statuses(403, 403, 200, 200, 404, 404, 404), count={"root": 5, "admin": 5}),
@@ -146,6 +209,12 @@ MATRIX: dict[str, list[Case]] = {
 }
 
 
+def _named_bytes(data: bytes):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    return SimpleUploadedFile("ci-job-n1-1-2.tar.zst", data, content_type="application/octet-stream")
+
+
 def route_names(patterns=None, namespace: str = "") -> set[str]:
     names: set[str] = set()
     for entry in patterns if patterns is not None else get_resolver().url_patterns:
@@ -169,6 +238,8 @@ def client_for(persona: str, p) -> Client:
         return Client()
     if persona == "agent":
         return Client(HTTP_AUTHORIZATION=f"Bearer {p.agent_secret}")
+    if persona == "carol_agent":
+        return Client(HTTP_AUTHORIZATION=f"Bearer {p.carol_agent_secret}")
     client = Client()
     client.force_login(getattr(p, persona))
     return client
@@ -188,8 +259,13 @@ def test_route_answers_each_persona_as_the_matrix_says(personas, route, index, p
     url = reverse(route, kwargs=case.kwargs(personas))
     client = client_for(persona, personas)
     send = getattr(client, case.method)
-    if case.body is None:
-        response = send(url)
+    headers = case.headers(personas) if case.headers else {}
+    if case.content is not None:
+        response = send(url, data=case.content(personas), content_type="application/offset+octet-stream", **headers)
+    elif case.body is None:
+        response = send(url, **headers)
+    elif case.multipart:
+        response = send(url, data=case.body(personas))
     elif route.startswith("api-"):
         response = send(url, data=json.dumps(case.body(personas)), content_type="application/json")
     else:

@@ -48,9 +48,20 @@ class SealStats:
 
 
 class Archiver:
-    def __init__(self, logs_dir: Path, hang_dir: Path, state_dir: Path, spool: Spool, *, workload_id: str,
-                 node: str, host: str, node_ip: str, orphan_grace_s: float = 5.0,
-                 proc_root: Path = Path("/proc")) -> None:
+    def __init__(
+        self,
+        logs_dir: Path,
+        hang_dir: Path,
+        state_dir: Path,
+        spool: Spool,
+        *,
+        workload_id: str,
+        node: str,
+        host: str,
+        node_ip: str,
+        orphan_grace_s: float = 5.0,
+        proc_root: Path = Path("/proc"),
+    ) -> None:
         self.logs_dir = logs_dir
         self.hang_dir = hang_dir
         self.state_dir = state_dir
@@ -119,8 +130,11 @@ class Archiver:
 
     def _hang_files(self) -> list[Path]:
         try:
-            return sorted(p for p in self.hang_dir.iterdir()
-                          if p.is_file() and p.name.endswith(".json") and not p.name.startswith("."))
+            return sorted(
+                p
+                for p in self.hang_dir.iterdir()
+                if p.is_file() and p.name.endswith(".json") and not p.name.startswith(".")
+            )
         except OSError:
             return []
 
@@ -163,10 +177,12 @@ class Archiver:
                 last_ns = max(last_ns, hi)
                 uniq, index = np.unique(records["comm_hash"], return_index=True)
                 for comm, i in zip(uniq.tolist(), index.tolist(), strict=True):
-                    c = comms.setdefault(comm, {"comm_hash": f"0x{comm:016x}", "comm_name": "", "nranks": 0,
-                                                "ranks": set()})
+                    c = comms.setdefault(
+                        comm, {"comm_hash": f"0x{comm:016x}", "comm_name": "", "nranks": 0, "ranks": set()}
+                    )
                     c["comm_name"] = c["comm_name"] or bytes(records["comm_name"][i]).split(b"\0")[0].decode(
-                        "utf-8", "replace")
+                        "utf-8", "replace"
+                    )
                     c["nranks"] = max(c["nranks"], int(records["nranks"][i]))
                     if hdr.global_rank >= 0:
                         c["ranks"].add(hdr.global_rank)
@@ -206,11 +222,26 @@ class Archiver:
         journal = {"archive": name, "inputs": inputs, "records": records_total}
         atomic_write_json(self.journal, journal)
         written = write_archive(self.staging / name, manifest, members)
-        entry = SpoolEntry(path=self.spool.dir / name, sha256=written.sha256, size=written.size, created_ns=now,
-                           records=records_total, workload_id=self.identity["workload_id"],
-                           node=self.identity["node"], pending=list(self.spool.providers))
-        sidecar = {"sha256": entry.sha256, "size": entry.size, "created_ns": now, "records": records_total,
-                   "workload_id": entry.workload_id, "node": entry.node, "pending": entry.pending, "extra": {}}
+        entry = SpoolEntry(
+            path=self.spool.dir / name,
+            sha256=written.sha256,
+            size=written.size,
+            created_ns=now,
+            records=records_total,
+            workload_id=self.identity["workload_id"],
+            node=self.identity["node"],
+            pending=list(self.spool.providers),
+        )
+        sidecar = {
+            "sha256": entry.sha256,
+            "size": entry.size,
+            "created_ns": now,
+            "records": records_total,
+            "workload_id": entry.workload_id,
+            "node": entry.node,
+            "pending": entry.pending,
+            "extra": {},
+        }
         atomic_write_json(self.staging / (name[: -len(".tar.zst")] + ".json"), sidecar)
         self._commit(journal)
         self.journal.unlink(missing_ok=True)
@@ -220,8 +251,13 @@ class Archiver:
         self.stats.segments += len(sealed)
         self.stats.last_seal_ns = now
         self.stats.last_archive = name
-        log.info("sealed %s: %d segments, %d records, sha256 %s", name,
-                 sum(m.name.startswith("segments/") for m in members), records_total, written.sha256)
+        log.info(
+            "sealed %s: %d segments, %d records, sha256 %s",
+            name,
+            sum(m.name.startswith("segments/") for m in members),
+            records_total,
+            written.sha256,
+        )
         self.spool.wake.set()
         return entry
 

@@ -56,14 +56,21 @@ class ClusterView:
         now = time.time()
         with self.lock:
             return [
-                {"node": n, "host": r.get("host", ""), "advertise_url": r.get("advertise_url", ""),
-                 "age_s": round(now - r["received"], 3), "stale": now - r["received"] > STALE_S,
-                 "communicators": len(r["communicators"]), "hang": bool(r.get("hang"))}
+                {
+                    "node": n,
+                    "host": r.get("host", ""),
+                    "advertise_url": r.get("advertise_url", ""),
+                    "age_s": round(now - r["received"], 3),
+                    "stale": now - r["received"] > STALE_S,
+                    "communicators": len(r["communicators"]),
+                    "hang": bool(r.get("hang")),
+                }
                 for n, r in sorted(self.reports.items())
             ]
 
-    def merge(self, local_node: str, local_comms: list[dict[str, Any]],
-              local_hang: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def merge(
+        self, local_node: str, local_comms: list[dict[str, Any]], local_hang: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(communicators merged across nodes, hang suspicions re-evaluated across nodes)."""
         with self.lock:
             sources = [(local_node, local_comms, local_hang)] + [
@@ -72,8 +79,17 @@ class ClusterView:
         merged: dict[str, dict[str, Any]] = {}
         for node, comms, _ in sources:
             for c in comms:
-                m = merged.setdefault(c["comm_hash"], {"comm_hash": c["comm_hash"], "comm_name": c.get("comm_name", ""),
-                                                       "nranks": 0, "ranks": {}, "inflight": 0, "nodes": []})
+                m = merged.setdefault(
+                    c["comm_hash"],
+                    {
+                        "comm_hash": c["comm_hash"],
+                        "comm_name": c.get("comm_name", ""),
+                        "nranks": 0,
+                        "ranks": {},
+                        "inflight": 0,
+                        "nodes": [],
+                    },
+                )
                 m["nranks"] = max(m["nranks"], int(c.get("nranks", 0) or 0))
                 m["inflight"] += int(c.get("inflight", 0) or 0)
                 m["nodes"].append(node)

@@ -36,6 +36,24 @@ WORKLOAD_ENV_VARS = (
 )
 
 
+# Keys of the shared conf file that the profiler reads (native/profiler/src/config.c); not unknown to us.
+PROFILER_KEYS = frozenset(
+    f"COMMINSIGHT_{k.upper()}"
+    for k in (
+        "pool_size",
+        "ring_capacity",
+        "log_segment_bytes",
+        "log_segment_age_s",
+        "hang_timeout_s",
+        "writer_interval_ms",
+        "agent_autostart",
+        "ring_enable",
+        "log_enable",
+        "clock",
+    )
+)
+
+
 class ConfigError(ValueError):
     """A value that cannot be parsed (the caller warns and keeps the default)."""
 
@@ -254,7 +272,8 @@ class AgentConfig:
 
     @property
     def lock_path(self) -> Path:
-        return self.home / "metadata" / "agent.lock"
+        # The profiler's autostart takes the same lock (native/profiler/src/autostart.c).
+        return self.home / "agent.lock"
 
     @property
     def archive_root(self) -> Path:
@@ -355,7 +374,7 @@ def load_config(env: Mapping[str, str] | None = None, home: Path | str | None = 
     conf, conf_warnings = read_conf_file(conf_path)
     warnings += conf_warnings
     for key in conf:
-        if key not in _KEYS:
+        if key not in _KEYS and key not in PROFILER_KEYS:
             warnings.append(f"{conf_path}: unknown key {key} ignored by the agent")
 
     for env_name, f in _KEYS.items():

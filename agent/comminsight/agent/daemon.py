@@ -33,21 +33,44 @@ log = logging.getLogger("comminsight.agent")
 FINAL_DELIVERY_S = 10.0
 
 
-class AlreadyRunning(RuntimeError):  # noqa: N818
+class AlreadyRunning(RuntimeError):
     """Another agent holds this home's lock."""
 
 
 class InstanceLock:
-    """``flock`` on ``<home>/metadata/agent.lock``; the file holds the owner's pid (for humans and the profiler)."""
+    """``flock`` on ``<home>/agent.lock``, shared with the profiler's autostart; the file holds the owner's pid.
 
-    def __init__(self, path: Path) -> None:
+    When the profiler starts the agent it takes the lock first and passes the locked descriptor in
+    ``COMMINSIGHT_AGENT_LOCK_FD``; we adopt it if it really is that file, so there is no window in
+    which a second agent could start.
+    """
+
+    def __init__(self, path: Path, inherited_fd: str | None = None) -> None:
         self.path = path
         self.fd: int | None = None
+        self.inherited_fd = inherited_fd
+
+    def _adopt(self) -> int | None:
+        if not self.inherited_fd or not self.inherited_fd.isdigit():
+            return None
+        fd = int(self.inherited_fd)
+        try:
+            inherited, on_disk = os.fstat(fd), os.stat(self.path)
+        except OSError:
+            return None
+        if (inherited.st_dev, inherited.st_ino) != (on_disk.st_dev, on_disk.st_ino):
+            return None
+        return fd
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._adopt()
+        if fd is None:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        else:
+            os.set_inheritable(fd, False)
         try:
+            # On an adopted descriptor this succeeds at once: the lock belongs to its open file description.
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             owner = os.pread(fd, 32, 0).decode(errors="replace").strip()
@@ -72,13 +95,29 @@ class Agent:
         for d in (config.shms_dir, config.logs_dir, config.hang_dir, config.spool_dir, config.state_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.state = LiveState(config.hang_threshold, config.hang_floor, config.hang_factor)
-        self.ingest = Ingest(config.shms_dir, config.logs_dir, config.state_dir, self.state,
-                             config.batch_records, proc_root)
-        self.spool = Spool(config.spool_dir, build_providers(config), config.spool_max_bytes, config.spool_max_age,
-                           config.backoff_initial, config.backoff_max)
-        self.archiver = Archiver(config.logs_dir, config.hang_dir, config.state_dir, self.spool,
-                                 workload_id=config.workload_id, node=config.node, host=config.host,
-                                 node_ip=config.node_ip, orphan_grace_s=config.orphan_grace, proc_root=proc_root)
+        self.ingest = Ingest(
+            config.shms_dir, config.logs_dir, config.state_dir, self.state, config.batch_records, proc_root
+        )
+        self.spool = Spool(
+            config.spool_dir,
+            build_providers(config),
+            config.spool_max_bytes,
+            config.spool_max_age,
+            config.backoff_initial,
+            config.backoff_max,
+        )
+        self.archiver = Archiver(
+            config.logs_dir,
+            config.hang_dir,
+            config.state_dir,
+            self.spool,
+            workload_id=config.workload_id,
+            node=config.node,
+            host=config.host,
+            node_ip=config.node_ip,
+            orphan_grace_s=config.orphan_grace,
+            proc_root=proc_root,
+        )
         self.reporter = LiveReporter(config)
         self.cluster = ClusterView()
         self.server: AgentServer | None = None
@@ -95,9 +134,16 @@ class Agent:
         self.server = AgentServer(self, self.config.listen_host, self.config.listen_port)
         self.server.start()
         self.spool.start(idle_s=max(1.0, self.config.poll_interval * 5))
-        log.info("agent %s serving on %s:%d (home %s, workload %r, node %s, mode %s, providers %s)",
-                 AGENT_VERSION, *self.server.address, self.config.home, self.config.workload_id, self.config.node,
-                 self.config.mode, ",".join(self.spool.providers) or "none")
+        log.info(
+            "agent %s serving on %s:%d (home %s, workload %r, node %s, mode %s, providers %s)",
+            AGENT_VERSION,
+            *self.server.address,
+            self.config.home,
+            self.config.workload_id,
+            self.config.node,
+            self.config.mode,
+            ",".join(self.spool.providers) or "none",
+        )
 
     def run_loop(self) -> None:
         cfg = self.config
@@ -141,8 +187,12 @@ class Agent:
                 delta = value - self._dropped_seen.get(key, 0)
                 if delta > 0:
                     self.archiver.dropped_since_seal[kind] += delta
-                    log.warning("ring %s: %d records %s", name, delta,
-                                "dropped (ring full)" if kind == "ring" else "lost before the ring")
+                    log.warning(
+                        "ring %s: %d records %s",
+                        name,
+                        delta,
+                        "dropped (ring full)" if kind == "ring" else "lost before the ring",
+                    )
                 self._dropped_seen[key] = value
 
     def checkpoint(self) -> None:
@@ -196,15 +246,22 @@ class Agent:
             "suspicions": suspicions,
         }
         for s in suspicions:
-            log.error("hang suspected on %s (%s): %s seq %d in flight %.1fs > %.1fs; never entered: %s",
-                      s["comm_hash"], s["comm_name"] or "-", s["op"], s["seq"], s["oldest_age_s"], s["threshold_s"],
-                      s["never_entered"] or "none seen")
+            log.error(
+                "hang suspected on %s (%s): %s seq %d in flight %.1fs > %.1fs; never entered: %s",
+                s["comm_hash"],
+                s["comm_name"] or "-",
+                s["op"],
+                s["seq"],
+                s["oldest_age_s"],
+                s["threshold_s"],
+                s["never_entered"] or "none seen",
+            )
         name = f"agent-hang-{evidence['detected_ns']}.json"
         try:
             atomic_write_json(self.config.hang_dir / name, evidence)
         except OSError as exc:
             log.error("cannot write hang evidence %s: %s", name, exc)
-        self.hang_history = (self.hang_history + [evidence])[-50:]
+        self.hang_history = [*self.hang_history, evidence][-50:]
         self.report_live()  # at once, not at the next live interval
 
     def hang_view(self) -> dict[str, Any]:
@@ -233,8 +290,14 @@ class Agent:
         hangs = list(self.state.suspicions.values())
         if self.config.mode == "master":
             comms, hangs = self.cluster.merge(self.config.node, comms, hangs)
-        ranks = sorted({int(p["global_rank"]) for c in comms for p in c["ranks"].values()
-                        if isinstance(p, dict) and int(p.get("global_rank", -1)) >= 0})
+        ranks = sorted(
+            {
+                int(p["global_rank"])
+                for c in comms
+                for p in c["ranks"].values()
+                if isinstance(p, dict) and int(p.get("global_rank", -1)) >= 0
+            }
+        )
         return {
             "workload_id": self.config.workload_id,
             "node": self.config.node,
@@ -279,18 +342,32 @@ class Agent:
         if not self.spool.providers:
             problems.append("no archive provider configured")
         status = "stalled" if stalled else "degraded" if problems else "ok"
-        return {"status": status, "problems": problems, "rings": len(self.ingest.rings),
-                "records": self.state.records_applied}
+        return {
+            "status": status,
+            "problems": problems,
+            "rings": len(self.ingest.rings),
+            "records": self.state.records_applied,
+        }
 
     def status(self) -> dict[str, Any]:
         rings = []
         for name, ring in sorted(self.ingest.rings.items()):
             r = ring.reader
             counters = r.counters()
-            rings.append({"name": name, "writer_pid": r.info.writer_pid, "capacity": r.capacity, "host": r.info.host,
-                          "cursor": r.cursor, "head": counters["head"], "pending": r.pending,
-                          "dropped": counters["dropped"], "lost": counters["lost"],
-                          "writer_closed": bool(counters["writer_closed"])})
+            rings.append(
+                {
+                    "name": name,
+                    "writer_pid": r.info.writer_pid,
+                    "capacity": r.capacity,
+                    "host": r.info.host,
+                    "cursor": r.cursor,
+                    "head": counters["head"],
+                    "pending": r.pending,
+                    "dropped": counters["dropped"],
+                    "lost": counters["lost"],
+                    "writer_closed": bool(counters["writer_closed"]),
+                }
+            )
         n_archives, spool_bytes, spool_age = self.spool.usage()
         a = self.archiver.stats
         return {
@@ -311,16 +388,30 @@ class Agent:
             "communicators": len(self.state.comms),
             "inflight": len(self.state.inflight),
             "hang_suspicions": len(self.state.suspicions),
-            "archives": {"sealed": a.archives, "records": a.records, "segments": a.segments,
-                         "quarantined": a.quarantined, "orphans_sealed": a.orphans_sealed,
-                         "last_archive": a.last_archive, "last_seal_ns": a.last_seal_ns},
-            "spool": {"archives": n_archives, "bytes": spool_bytes, "oldest_age_s": round(spool_age, 3),
-                      "dropped_archives": self.spool.stats.dropped_archives,
-                      "dropped_records": self.spool.stats.dropped_records},
-            "providers": {name: {"delivered": self.spool.stats.delivered.get(name, 0),
-                                 "failures": self.spool.stats.failures.get(name, 0),
-                                 "last_error": self.spool.stats.last_error.get(name, "")}
-                          for name in self.spool.providers},
+            "archives": {
+                "sealed": a.archives,
+                "records": a.records,
+                "segments": a.segments,
+                "quarantined": a.quarantined,
+                "orphans_sealed": a.orphans_sealed,
+                "last_archive": a.last_archive,
+                "last_seal_ns": a.last_seal_ns,
+            },
+            "spool": {
+                "archives": n_archives,
+                "bytes": spool_bytes,
+                "oldest_age_s": round(spool_age, 3),
+                "dropped_archives": self.spool.stats.dropped_archives,
+                "dropped_records": self.spool.stats.dropped_records,
+            },
+            "providers": {
+                name: {
+                    "delivered": self.spool.stats.delivered.get(name, 0),
+                    "failures": self.spool.stats.failures.get(name, 0),
+                    "last_error": self.spool.stats.last_error.get(name, ""),
+                }
+                for name in self.spool.providers
+            },
             "last_checkpoint_ns": self.last_checkpoint_ns,
             "cluster_nodes": len(self.cluster.reports),
         }
@@ -330,7 +421,7 @@ def run(config: AgentConfig, proc_root: Path = Path("/proc")) -> int:
     """Run the agent until SIGTERM/SIGINT; returns the process exit code."""
     for warning in config.warnings:
         log.warning("config: %s", warning)
-    lock = InstanceLock(config.lock_path)
+    lock = InstanceLock(config.lock_path, os.environ.get("COMMINSIGHT_AGENT_LOCK_FD"))
     try:
         lock.acquire()
     except AlreadyRunning as exc:
@@ -347,7 +438,8 @@ def run(config: AgentConfig, proc_root: Path = Path("/proc")) -> int:
     try:
         agent.start()
         (config.state_dir / "agent.json").write_text(
-            json.dumps({"pid": os.getpid(), "listen": "%s:%d" % agent.server.address if agent.server else ""}))
+            json.dumps({"pid": os.getpid(), "listen": "{}:{}".format(*agent.server.address) if agent.server else ""})
+        )
         agent.run_loop()
     except OSError as exc:
         log.error("agent cannot start: %s", exc)

@@ -63,8 +63,15 @@ def atomic_write_json(path: Path, payload: Any) -> None:
 class Ingest:
     """Owns the ring readers and segment offsets; called from the daemon's loop only."""
 
-    def __init__(self, shms_dir: Path, logs_dir: Path, state_dir: Path, state: LiveState,
-                 batch_records: int = 65536, proc_root: Path = Path("/proc")) -> None:
+    def __init__(
+        self,
+        shms_dir: Path,
+        logs_dir: Path,
+        state_dir: Path,
+        state: LiveState,
+        batch_records: int = 65536,
+        proc_root: Path = Path("/proc"),
+    ) -> None:
         self.shms_dir = shms_dir
         self.logs_dir = logs_dir
         self.checkpoint_path = state_dir / "checkpoint.json"
@@ -88,13 +95,18 @@ class Ingest:
             self.state.restore(saved["state"])
             self.saved_cursors = {k: (int(v[0]), int(v[1])) for k, v in saved.get("rings", {}).items()}
             self.segment_offsets = {k: int(v) for k, v in saved.get("segments", {}).items()}
-            log.info("resumed from checkpoint: %d records applied before, %d rings, %d segments",
-                     self.state.records_applied, len(self.saved_cursors), len(self.segment_offsets))
+            log.info(
+                "resumed from checkpoint: %d records applied before, %d rings, %d segments",
+                self.state.records_applied,
+                len(self.saved_cursors),
+                len(self.segment_offsets),
+            )
         except FileNotFoundError:
             return
         except (ValueError, KeyError, TypeError, IndexError) as exc:
-            log.warning("checkpoint %s unreadable (%s); starting from the rings' published tails",
-                        self.checkpoint_path, exc)
+            log.warning(
+                "checkpoint %s unreadable (%s); starting from the rings' published tails", self.checkpoint_path, exc
+            )
 
     def checkpoint(self) -> None:
         """Save state + cursors, then publish ring tails (the order is what makes restarts exactly-once)."""
@@ -102,13 +114,21 @@ class Ingest:
         # Keep cursors of rings we are not holding open (e.g. malformed now) so nothing is re-read later.
         for name, (start, cursor) in self.saved_cursors.items():
             rings.setdefault(name, [start, cursor])
-        live_segments = {n: o for n, o in self.segment_offsets.items()
-                         if (self.logs_dir / n).exists() or (self.logs_dir / (n + SEALED_SUFFIX)).exists()}
+        live_segments = {
+            n: o
+            for n, o in self.segment_offsets.items()
+            if (self.logs_dir / n).exists() or (self.logs_dir / (n + SEALED_SUFFIX)).exists()
+        }
         self.segment_offsets = live_segments
         atomic_write_json(
             self.checkpoint_path,
-            {"version": CHECKPOINT_VERSION, "saved_ns": time.time_ns(), "state": self.state.to_json(),
-             "rings": rings, "segments": live_segments},
+            {
+                "version": CHECKPOINT_VERSION,
+                "saved_ns": time.time_ns(),
+                "state": self.state.to_json(),
+                "rings": rings,
+                "segments": live_segments,
+            },
         )
         for ring in self.rings.values():
             ring.reader.publish()
@@ -156,8 +176,13 @@ class Ingest:
                 continue
             self.bad_files.pop(path.name, None)
             self.rings[path.name] = _Ring(reader, writer=str(reader.info.writer_pid))
-            log.info("attached ring %s (writer pid %d, capacity %d, cursor %d)", path.name,
-                     reader.info.writer_pid, reader.capacity, reader.cursor)
+            log.info(
+                "attached ring %s (writer pid %d, capacity %d, cursor %d)",
+                path.name,
+                reader.info.writer_pid,
+                reader.capacity,
+                reader.cursor,
+            )
         self.ring_sources = {r.writer for r in self.rings.values()}
 
     def poll_rings(self, budget: int = 16) -> int:
@@ -171,8 +196,12 @@ class Ingest:
                     batch = reader.read(self.batch_records)
                     if batch.corrupt:
                         self.counters.corrupt_records += batch.corrupt
-                        log.warning("%s: %d corrupt records skipped (bad magic or checksum) at index %d",
-                                    name, batch.corrupt, batch.first_index)
+                        log.warning(
+                            "%s: %d corrupt records skipped (bad magic or checksum) at index %d",
+                            name,
+                            batch.corrupt,
+                            batch.first_index,
+                        )
                     if len(batch.records):
                         applied += self.state.apply(ring.writer, batch.records)
                     if batch.next_index == batch.first_index or reader.pending == 0:

@@ -30,7 +30,7 @@ ENTRY_POINT_GROUP = "comminsight.archive_providers"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-class RetryLater(Exception):  # noqa: N818 - a signal, not an error condition
+class RetryLater(Exception):
     """Delivery failed for now; ``after_s`` is the target's Retry-After when it gave one."""
 
     def __init__(self, message: str, after_s: float | None = None) -> None:

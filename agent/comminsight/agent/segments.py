@@ -54,7 +54,9 @@ def parse_header(raw: bytes, path: Path) -> SegmentHeader:
     if int(hdr["version"]) != consts["CI_FORMAT_VERSION"]:
         raise SegmentError(f"{path}: unsupported version {int(hdr['version'])}")
     if int(hdr["header_size"]) != size or int(hdr["record_size"]) != consts["CI_RECORD_SIZE"]:
-        raise SegmentError(f"{path}: unexpected header_size/record_size {int(hdr['header_size'])}/{int(hdr['record_size'])}")
+        raise SegmentError(
+            f"{path}: unexpected header_size/record_size {int(hdr['header_size'])}/{int(hdr['record_size'])}"
+        )
     return SegmentHeader(
         pid=int(hdr["pid"]),
         start_ns=int(hdr["start_ns"]),

@@ -36,15 +36,22 @@ class AgentCollector:
 
     def collect(self) -> Iterator[Metric]:
         agent = self.agent
-        ops = CounterMetricFamily("comminsight_operations", "Completed operations seen, by communicator and op",
-                                  labels=["comm", "comm_name", "op"])
-        nbytes = CounterMetricFamily("comminsight_bytes", "Payload bytes of completed operations",
-                                     labels=["comm", "comm_name", "op"])
-        busbw = GaugeMetricFamily("comminsight_bus_bandwidth_bytes_per_second",
-                                  "Bus bandwidth of the latest batch (bytes x bus factor / duration)",
-                                  labels=["comm", "comm_name", "op"])
-        lagging = GaugeMetricFamily("comminsight_lagging_ranks", "Ranks behind the most advanced rank",
-                                    labels=["comm", "comm_name"])
+        ops = CounterMetricFamily(
+            "comminsight_operations",
+            "Completed operations seen, by communicator and op",
+            labels=["comm", "comm_name", "op"],
+        )
+        nbytes = CounterMetricFamily(
+            "comminsight_bytes", "Payload bytes of completed operations", labels=["comm", "comm_name", "op"]
+        )
+        busbw = GaugeMetricFamily(
+            "comminsight_bus_bandwidth_bytes_per_second",
+            "Bus bandwidth of the latest batch (bytes x bus factor / duration)",
+            labels=["comm", "comm_name", "op"],
+        )
+        lagging = GaugeMetricFamily(
+            "comminsight_lagging_ranks", "Ranks behind the most advanced rank", labels=["comm", "comm_name"]
+        )
         with agent.state.lock:
             for c in agent.state.comms.values():
                 cid = f"0x{c.comm_hash:016x}"
@@ -56,58 +63,73 @@ class AgentCollector:
             inflight_n = len(agent.state.inflight)
             hangs = len(agent.state.suspicions)
         yield from (ops, nbytes, busbw, lagging)
-        yield GaugeMetricFamily("comminsight_inflight_operations", "Operations known to be in flight",
-                                value=inflight_n)
-        yield GaugeMetricFamily("comminsight_inflight_oldest_age_seconds", "Age of the oldest in-flight operation",
-                                value=agent.state.oldest_inflight_age_s())
+        yield GaugeMetricFamily("comminsight_inflight_operations", "Operations known to be in flight", value=inflight_n)
+        yield GaugeMetricFamily(
+            "comminsight_inflight_oldest_age_seconds",
+            "Age of the oldest in-flight operation",
+            value=agent.state.oldest_inflight_age_s(),
+        )
         yield GaugeMetricFamily("comminsight_hang_suspected", "Hang suspicions currently raised", value=hangs)
         counters = agent.ingest.counters
-        dropped = CounterMetricFamily("comminsight_ring_dropped_records", "Records the writer dropped: ring full",
-                                      labels=["ring"])
-        lost = CounterMetricFamily("comminsight_ring_lost_records", "Records the plugin lost before the ring",
-                                   labels=["ring"])
+        dropped = CounterMetricFamily(
+            "comminsight_ring_dropped_records", "Records the writer dropped: ring full", labels=["ring"]
+        )
+        lost = CounterMetricFamily(
+            "comminsight_ring_lost_records", "Records the plugin lost before the ring", labels=["ring"]
+        )
         for ring, n in sorted(counters.ring_dropped.items()):
             dropped.add_metric([ring], n)
         for ring, n in sorted(counters.ring_lost.items()):
             lost.add_metric([ring], n)
         yield dropped
         yield lost
-        yield CounterMetricFamily("comminsight_records_ingested", "Records applied to the live state",
-                                  value=agent.state.records_applied)
-        yield CounterMetricFamily("comminsight_corrupt_records", "Records skipped: bad magic or checksum",
-                                  value=counters.corrupt_records)
-        malformed = CounterMetricFamily("comminsight_malformed_inputs", "Malformed rings or segments skipped",
-                                        labels=["kind"])
+        yield CounterMetricFamily(
+            "comminsight_records_ingested", "Records applied to the live state", value=agent.state.records_applied
+        )
+        yield CounterMetricFamily(
+            "comminsight_corrupt_records", "Records skipped: bad magic or checksum", value=counters.corrupt_records
+        )
+        malformed = CounterMetricFamily(
+            "comminsight_malformed_inputs", "Malformed rings or segments skipped", labels=["kind"]
+        )
         malformed.add_metric(["ring"], counters.malformed_rings)
         malformed.add_metric(["segment"], counters.malformed_segments + agent.archiver.stats.quarantined)
         yield malformed
         yield GaugeMetricFamily("comminsight_rings", "Rings being consumed", value=len(agent.ingest.rings))
-        yield GaugeMetricFamily("comminsight_agent_lag_records", "Committed ring records not yet consumed",
-                                value=counters.lag_records)
-        yield GaugeMetricFamily("comminsight_agent_lag_seconds", "Now minus the newest record's completion time",
-                                value=agent.lag_seconds())
+        yield GaugeMetricFamily(
+            "comminsight_agent_lag_records", "Committed ring records not yet consumed", value=counters.lag_records
+        )
+        yield GaugeMetricFamily(
+            "comminsight_agent_lag_seconds", "Now minus the newest record's completion time", value=agent.lag_seconds()
+        )
         n_archives, spool_bytes, spool_age = agent.spool.usage()
         yield GaugeMetricFamily("comminsight_spool_archives", "Archives waiting in the spool", value=n_archives)
         yield GaugeMetricFamily("comminsight_spool_bytes", "Bytes waiting in the spool", value=spool_bytes)
-        yield GaugeMetricFamily("comminsight_spool_oldest_age_seconds", "Age of the oldest spooled archive",
-                                value=spool_age)
+        yield GaugeMetricFamily(
+            "comminsight_spool_oldest_age_seconds", "Age of the oldest spooled archive", value=spool_age
+        )
         stats = agent.spool.stats
-        yield CounterMetricFamily("comminsight_spool_dropped_archives", "Archives dropped by the spool caps",
-                                  value=stats.dropped_archives)
-        yield CounterMetricFamily("comminsight_spool_dropped_records", "Records in archives dropped by the caps",
-                                  value=stats.dropped_records)
-        failures = CounterMetricFamily("comminsight_upload_failures", "Failed delivery attempts by provider",
-                                       labels=["provider"])
-        delivered = CounterMetricFamily("comminsight_archives_delivered", "Archives delivered by provider",
-                                        labels=["provider"])
+        yield CounterMetricFamily(
+            "comminsight_spool_dropped_archives", "Archives dropped by the spool caps", value=stats.dropped_archives
+        )
+        yield CounterMetricFamily(
+            "comminsight_spool_dropped_records", "Records in archives dropped by the caps", value=stats.dropped_records
+        )
+        failures = CounterMetricFamily(
+            "comminsight_upload_failures", "Failed delivery attempts by provider", labels=["provider"]
+        )
+        delivered = CounterMetricFamily(
+            "comminsight_archives_delivered", "Archives delivered by provider", labels=["provider"]
+        )
         for name in agent.spool.providers:
             failures.add_metric([name], stats.failures.get(name, 0))
             delivered.add_metric([name], stats.delivered.get(name, 0))
         yield failures
         yield delivered
         yield CounterMetricFamily("comminsight_archives_sealed", "Archives sealed", value=agent.archiver.stats.archives)
-        yield CounterMetricFamily("comminsight_live_report_failures", "Failed live reports (site or master)",
-                                  value=agent.reporter.failures)
+        yield CounterMetricFamily(
+            "comminsight_live_report_failures", "Failed live reports (site or master)", value=agent.reporter.failures
+        )
 
 
 def _handler(agent: Agent) -> type[BaseHTTPRequestHandler]:
@@ -118,7 +140,7 @@ def _handler(agent: Agent) -> type[BaseHTTPRequestHandler]:
         server_version = "comminsight-agent"
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s %s", self.address_string(), format % args)
 
         def _send(self, status: int, body: bytes, content_type: str) -> None:
@@ -133,7 +155,7 @@ def _handler(agent: Agent) -> type[BaseHTTPRequestHandler]:
         def _json(self, status: int, payload: Any) -> None:
             self._send(status, json.dumps(payload, indent=1, default=str).encode(), "application/json")
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             path = self.path.split("?", 1)[0].rstrip("/") or "/"
             try:
                 if path == "/metrics":
@@ -159,7 +181,7 @@ def _handler(agent: Agent) -> type[BaseHTTPRequestHandler]:
 
         do_HEAD = do_GET
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             path = self.path.split("?", 1)[0].rstrip("/")
             if path != "/api/v1/cluster/report":
                 self._json(404, {"detail": f"no such endpoint {path}"})

@@ -35,8 +35,15 @@ class SpoolStats:
 
 
 class Spool:
-    def __init__(self, directory: Path, providers: list[ArchiveProvider], max_bytes: int, max_age_s: float,
-                 backoff_initial: float = 1.0, backoff_max: float = 300.0) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        providers: list[ArchiveProvider],
+        max_bytes: int,
+        max_age_s: float,
+        backoff_initial: float = 1.0,
+        backoff_max: float = 300.0,
+    ) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.providers = {p.name: p for p in providers}
@@ -59,22 +66,42 @@ class Spool:
     def load(self, archive: Path) -> SpoolEntry:
         try:
             meta = json.loads(self._sidecar(archive).read_text())
-            return SpoolEntry(path=archive, sha256=meta["sha256"], size=int(meta["size"]),
-                              created_ns=int(meta["created_ns"]), records=int(meta.get("records", 0)),
-                              workload_id=meta.get("workload_id", ""), node=meta.get("node", ""),
-                              pending=[p for p in meta.get("pending", []) if isinstance(p, str)],
-                              extra=meta.get("extra", {}))
+            return SpoolEntry(
+                path=archive,
+                sha256=meta["sha256"],
+                size=int(meta["size"]),
+                created_ns=int(meta["created_ns"]),
+                records=int(meta.get("records", 0)),
+                workload_id=meta.get("workload_id", ""),
+                node=meta.get("node", ""),
+                pending=[p for p in meta.get("pending", []) if isinstance(p, str)],
+                extra=meta.get("extra", {}),
+            )
         except (OSError, ValueError, KeyError, TypeError):
             # No (readable) sidecar: an archive placed here by hand or a crash; every provider is pending.
             st = archive.stat()
-            return SpoolEntry(path=archive, sha256=file_sha256(archive), size=st.st_size,
-                              created_ns=int(st.st_mtime * 1e9), pending=list(self.providers))
+            return SpoolEntry(
+                path=archive,
+                sha256=file_sha256(archive),
+                size=st.st_size,
+                created_ns=int(st.st_mtime * 1e9),
+                pending=list(self.providers),
+            )
 
     def save(self, entry: SpoolEntry) -> None:
-        atomic_write_json(self._sidecar(entry.path), {
-            "sha256": entry.sha256, "size": entry.size, "created_ns": entry.created_ns, "records": entry.records,
-            "workload_id": entry.workload_id, "node": entry.node, "pending": entry.pending, "extra": entry.extra,
-        })
+        atomic_write_json(
+            self._sidecar(entry.path),
+            {
+                "sha256": entry.sha256,
+                "size": entry.size,
+                "created_ns": entry.created_ns,
+                "records": entry.records,
+                "workload_id": entry.workload_id,
+                "node": entry.node,
+                "pending": entry.pending,
+                "extra": entry.extra,
+            },
+        )
 
     def archives(self) -> list[Path]:
         """Spooled archives, oldest first (names embed the time range; mtime breaks ties)."""
@@ -118,8 +145,14 @@ class Spool:
                     continue
                 entry = self.load(p)
                 reason = "older than the spool age cap" if too_old else "spool over its byte cap"
-                log.error("spool: dropping archive %s (%d records, %d bytes, providers pending: %s): %s",
-                          p.name, entry.records, entry.size, ",".join(entry.pending) or "none", reason)
+                log.error(
+                    "spool: dropping archive %s (%d records, %d bytes, providers pending: %s): %s",
+                    p.name,
+                    entry.records,
+                    entry.size,
+                    ",".join(entry.pending) or "none",
+                    reason,
+                )
                 self.remove(p)
                 total -= sizes[p]
                 self.stats.dropped_archives += 1
@@ -137,8 +170,11 @@ class Spool:
         self._next_try[provider] = time.monotonic() + delay
         return delay
 
-    def deliver_once(self) -> int:
-        """One pass over the spool, oldest first; returns archives fully delivered."""
+    def deliver_once(self, stop: threading.Event | None = None) -> int:
+        """One pass over the spool, oldest first; returns archives fully delivered.
+
+        ``stop`` (the delivery thread's) ends the pass early; the final pass at shutdown has none.
+        """
         self.enforce_caps()
         done = 0
         for archive in self.archives():
@@ -147,7 +183,7 @@ class Spool:
             entry = self.load(archive)
             entry.pending = [p for p in entry.pending if p in self.providers] if entry.pending else []
             for name in list(entry.pending):
-                if self._stop.is_set():
+                if stop is not None and stop.is_set():
                     return done
                 if time.monotonic() < self._next_try.get(name, 0.0):
                     continue  # this provider is backing off; the others may still deliver
@@ -184,7 +220,7 @@ class Spool:
         def loop() -> None:
             while not self._stop.is_set():
                 try:
-                    self.deliver_once()
+                    self.deliver_once(self._stop)
                 except Exception:
                     log.exception("spool delivery pass failed")
                 self.wake.wait(self.next_wait(idle_s))

@@ -199,7 +199,9 @@ class LiveState:
                 rp = c.ranks.setdefault(row["rank"], RankProgress(pid=row["pid"]))
                 if rp.completed_seq.get(func, -1) >= row["seq"]:
                     continue  # completed meanwhile
-                self.inflight[key] = InFlight(row["comm"], func, row["seq"], row["rank"], row["pid"], row["enq"], row["bytes"])
+                self.inflight[key] = InFlight(
+                    row["comm"], func, row["seq"], row["rank"], row["pid"], row["enq"], row["bytes"]
+                )
                 if row["enq"] >= rp.last_enqueue_ns:
                     rp.last_enqueue_ns = row["enq"]
                     rp.last_enqueued = (func, row["seq"])
@@ -306,10 +308,18 @@ class LiveState:
                         "comm_name": c.name,
                         "nranks": c.nranks,
                         "node": c.node,
-                        "ops": {f: {"count": s.count, "bytes": s.bytes, "busbw_bytes_per_s": s.busbw,
-                                    "normal_duration_s": s.normal_ns / 1e9} for f, s in sorted(c.ops.items())},
-                        "last_completed_seq": max((s for rp in c.ranks.values() for s in rp.completed_seq.values()),
-                                                  default=-1),
+                        "ops": {
+                            f: {
+                                "count": s.count,
+                                "bytes": s.bytes,
+                                "busbw_bytes_per_s": s.busbw,
+                                "normal_duration_s": s.normal_ns / 1e9,
+                            }
+                            for f, s in sorted(c.ops.items())
+                        },
+                        "last_completed_seq": max(
+                            (s for rp in c.ranks.values() for s in rp.completed_seq.values()), default=-1
+                        ),
                         "lagging_ranks": self.lagging_ranks(c),
                         "inflight": len(inflight),
                         "ranks": {
@@ -317,10 +327,16 @@ class LiveState:
                                 "pid": rp.pid,
                                 "global_rank": rp.global_rank,
                                 "ops": rp.ops,
-                                "last_enqueued": {"op": rp.last_enqueued[0], "seq": rp.last_enqueued[1],
-                                                  "age_s": _age(now_ns, rp.last_enqueue_ns)},
-                                "last_completed": {"op": rp.last_completed[0], "seq": rp.last_completed[1],
-                                                   "age_s": _age(now_ns, rp.last_complete_ns)},
+                                "last_enqueued": {
+                                    "op": rp.last_enqueued[0],
+                                    "seq": rp.last_enqueued[1],
+                                    "age_s": _age(now_ns, rp.last_enqueue_ns),
+                                },
+                                "last_completed": {
+                                    "op": rp.last_completed[0],
+                                    "seq": rp.last_completed[1],
+                                    "age_s": _age(now_ns, rp.last_complete_ns),
+                                },
                                 "completed_seq": dict(rp.completed_seq),
                             }
                             for r, rp in sorted(c.ranks.items())
@@ -369,15 +385,25 @@ class LiveState:
                         "nranks": c.nranks,
                         "ops": {f: [s.count, s.bytes, s.busbw, s.normal_ns] for f, s in c.ops.items()},
                         "ranks": {
-                            str(r): [rp.pid, rp.global_rank, list(rp.last_enqueued), rp.last_enqueue_ns,
-                                     list(rp.last_completed), rp.last_complete_ns, rp.completed_seq, rp.ops]
+                            str(r): [
+                                rp.pid,
+                                rp.global_rank,
+                                list(rp.last_enqueued),
+                                rp.last_enqueue_ns,
+                                list(rp.last_completed),
+                                rp.last_complete_ns,
+                                rp.completed_seq,
+                                rp.ops,
+                            ]
                             for r, rp in c.ranks.items()
                         },
                     }
                     for c in self.comms.values()
                 ],
-                "inflight": [[op.comm_hash, op.func, op.seq, op.rank, op.pid, op.enqueue_ns, op.bytes]
-                             for op in self.inflight.values()],
+                "inflight": [
+                    [op.comm_hash, op.func, op.seq, op.rank, op.pid, op.enqueue_ns, op.bytes]
+                    for op in self.inflight.values()
+                ],
             }
 
     def restore(self, saved: dict[str, Any]) -> None:
@@ -392,8 +418,14 @@ class LiveState:
                 c.ops = {f: OpStats(int(v[0]), int(v[1]), float(v[2]), float(v[3])) for f, v in item["ops"].items()}
                 for r, v in item["ranks"].items():
                     c.ranks[int(r)] = RankProgress(
-                        int(v[0]), int(v[1]), (v[2][0], int(v[2][1])), int(v[3]), (v[4][0], int(v[4][1])),
-                        int(v[5]), {k: int(s) for k, s in v[6].items()}, int(v[7]),
+                        int(v[0]),
+                        int(v[1]),
+                        (v[2][0], int(v[2][1])),
+                        int(v[3]),
+                        (v[4][0], int(v[4][1])),
+                        int(v[5]),
+                        {k: int(s) for k, s in v[6].items()},
+                        int(v[7]),
                     )
                 self.comms[c.comm_hash] = c
             self.inflight = {}

@@ -39,7 +39,7 @@ def _json(response: httpx.Response) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
-class UploadRejected(Exception):  # noqa: N818
+class UploadRejected(Exception):
     """The site refused the archive for a reason retrying the same bytes would not fix soon."""
 
 
@@ -80,8 +80,13 @@ class SiteProvider:
     def _deliver(self, entry: SpoolEntry) -> None:
         create = self.client.post(
             self.base + "uploads/",
-            json={"sha256": entry.sha256, "size": entry.size, "filename": entry.name,
-                  "workload_id": entry.workload_id, "node": entry.node},
+            json={
+                "sha256": entry.sha256,
+                "size": entry.size,
+                "filename": entry.name,
+                "workload_id": entry.workload_id,
+                "node": entry.node,
+            },
         )
         self._check_transient(create, "create upload")
         if create.status_code not in (200, 201):

@@ -40,8 +40,6 @@ _NONE = -1
 
 
 def _frame(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
-    df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
-    assert isinstance(df, pl.DataFrame)
     keep = [
         "rank",
         "comm_id",
@@ -62,10 +60,47 @@ def _frame(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
         "end_ns",
         "record_id",
     ]
-    return df.select(keep).filter(pl.col("op") != "compute")
+    # Only the columns used here cross from Arrow to polars, without re-chunking.
+    if isinstance(table, pl.DataFrame):
+        df = table.select(keep)
+    else:
+        df = pl.from_arrow(table.select(keep), rechunk=False)
+    assert isinstance(df, pl.DataFrame)
+    return df.filter(pl.col("op") != "compute").with_row_index("_row")
 
 
-def _members(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+_IS_STREAM = ~pl.col("is_p2p") & pl.col("seq").is_not_null() & pl.col("seq_kind").is_not_null()
+_SOP = pl.when(pl.col("seq_kind") == "func").then(pl.col("op")).otherwise(pl.lit("")).alias("sop")
+_TIME = pl.max_horizontal("enqueue_ns", "start_ns", "end_ns")
+
+
+def _split(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(collective rows with a sequence, every other row: P2P, progress rows without a sequence, ...)."""
+    return df.filter(_IS_STREAM).with_columns(_SOP), df.filter(~_IS_STREAM)
+
+
+def _per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
+    """One pass over the collective rows: per (stream, rank) everything the analysis needs from them."""
+    # A progress row with seq_kind "func" cannot say which op it counts; such rows are not produced.
+    # Completion is in order within a stream, so the highest completed seq is a watermark: a
+    # pending op is one above it that is not completed itself.
+    watermark = pl.col("seq").filter(pl.col("state") == "completed").max()
+    real = pl.col("op") != PROGRESS_OP
+    pending = (pl.col("state") != "completed") & real & (pl.col("seq") > watermark.fill_null(-1))
+    t = _TIME.fill_null(-1)
+    return coll.group_by("comm_id", "seq_kind", "sop", "rank").agg(
+        pl.col("seq").max().alias("entered"),
+        watermark.alias("watermark"),
+        pl.col("seq").filter(pending).min().alias("first_pending"),
+        t.filter(real).max().alias("last_t"),
+        pl.col("_row").filter(real & (t == t.filter(real).max())).max().alias("last_row"),
+        (pl.col("state") == "abandoned").sum().alias("abandoned"),
+        pl.col("comm_desc").drop_nulls().first().alias("comm_desc"),
+        pl.col("comm_size").max().alias("comm_size"),
+    )
+
+
+def _members(per_rank: pl.DataFrame, rest: pl.DataFrame, df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(comm_id, rank) for every known member, and per-communicator description and size."""
     listed = (
         df.filter(pl.col("comm_ranks").is_not_null())
@@ -75,77 +110,50 @@ def _members(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         .rename({"comm_ranks": "rank"})
         .filter(pl.col("rank").is_not_null())
     )
-    seen = df.select("comm_id", "rank")
+    seen = pl.concat([per_rank.select("comm_id", "rank"), rest.select("comm_id", "rank")])
     members = pl.concat([listed.select("comm_id", pl.col("rank").cast(pl.Int32)), seen]).unique()
-    info = df.group_by("comm_id").agg(
+    info = pl.concat(
+        [per_rank.select("comm_id", "comm_desc", "comm_size"), rest.select("comm_id", "comm_desc", "comm_size")]
+    ).group_by("comm_id").agg(
         pl.col("comm_desc").drop_nulls().first().alias("comm_desc"),
         pl.col("comm_size").max().alias("comm_size"),
     )
     return members, info
 
 
-def _last_activity(df: pl.DataFrame) -> pl.DataFrame:
-    """Per rank: latest timestamp seen (ns, null when the source has none) and count of abandoned ops."""
-    real = df.filter(pl.col("op") != PROGRESS_OP)
-    return real.group_by("rank").agg(
-        pl.max_horizontal("enqueue_ns", "start_ns", "end_ns").max().alias("last_activity_ns"),
-        (pl.col("state") == "abandoned").sum().alias("abandoned"),
-        pl.len().alias("ops"),
+def _rank_activity(per_rank: pl.DataFrame, rest: pl.DataFrame) -> pl.DataFrame:
+    """Per rank: latest timestamp (null when the source has none), abandoned ops, row of its last op."""
+    real = rest.filter(pl.col("op") != PROGRESS_OP).select(
+        "rank",
+        _TIME.fill_null(-1).alias("last_t"),
+        pl.col("_row").alias("last_row"),
+        (pl.col("state") == "abandoned").cast(pl.UInt32).alias("abandoned"),
     )
+    both = pl.concat(
+        [per_rank.select("rank", "last_t", "last_row", pl.col("abandoned").cast(pl.UInt32)), real],
+        how="vertical_relaxed",
+    ).filter(pl.col("last_row").is_not_null())
+    return both.group_by("rank").agg(
+        pl.col("last_t").max().alias("last_t"),
+        pl.col("last_row").filter(pl.col("last_t") == pl.col("last_t").max()).max().alias("last_row"),
+        pl.col("abandoned").sum().alias("abandoned"),
+    ).with_columns(pl.when(pl.col("last_t") >= 0).then(pl.col("last_t")).alias("last_activity_ns"))
 
 
-def _last_ops(df: pl.DataFrame) -> pl.DataFrame:
-    """Per rank: the operation it recorded last (by time when known, else by record order)."""
-    real = df.filter(pl.col("op") != PROGRESS_OP).with_row_index("_row")
-    order = pl.coalesce(pl.max_horizontal("enqueue_ns", "start_ns", "end_ns"), pl.lit(0, pl.Int64))
-    return (
-        real.sort([order, pl.col("record_id").fill_null(0), "_row"])
-        .group_by("rank")
-        .agg(
-            pl.col("comm_id").last(),
-            pl.col("comm_desc").last(),
-            pl.col("op").last(),
-            pl.col("seq").last(),
-            pl.col("state").last(),
-            pl.col("shape").last(),
-            pl.col("dtype").last(),
-        )
-    )
-
-
-def _collective_streams(df: pl.DataFrame, members: pl.DataFrame) -> pl.DataFrame:
+def _collective_streams(per_rank: pl.DataFrame, members: pl.DataFrame, evidence_ranks: list[int]) -> pl.DataFrame:
     """One row per (stream, member rank) with entered / watermark / first pending sequences."""
-    coll = df.filter(~pl.col("is_p2p") & pl.col("seq").is_not_null() & pl.col("seq_kind").is_not_null())
-    coll = coll.with_columns(
-        pl.when(pl.col("seq_kind") == "func").then(pl.col("op")).otherwise(pl.lit("")).alias("sop"),
-    )
-    # A progress row with seq_kind "func" cannot say which op it counts; such rows are not produced.
-    wm = (
-        coll.filter(pl.col("state") == "completed")
-        .group_by("comm_id", "seq_kind", "sop", "rank")
-        .agg(pl.col("seq").max().alias("watermark"))
-    )
-    per_rank = (
-        coll.join(wm, on=["comm_id", "seq_kind", "sop", "rank"], how="left")
-        .with_columns(
-            (
-                (pl.col("state") != "completed")
-                & (pl.col("op") != PROGRESS_OP)
-                & (pl.col("watermark").is_null() | (pl.col("seq") > pl.col("watermark")))
-            ).alias("pending")
-        )
-        .group_by("comm_id", "seq_kind", "sop", "rank")
-        .agg(
-            pl.col("seq").max().alias("entered"),
-            pl.col("watermark").first(),
-            pl.col("seq").filter(pl.col("pending")).min().alias("first_pending"),
-        )
-    )
     streams = per_rank.select("comm_id", "seq_kind", "sop").unique()
     grid = streams.join(members, on="comm_id", how="inner")
-    out = grid.join(per_rank, on=["comm_id", "seq_kind", "sop", "rank"], how="left")
+    out = grid.join(
+        per_rank.select("comm_id", "seq_kind", "sop", "rank", "entered", "watermark", "first_pending"),
+        on=["comm_id", "seq_kind", "sop", "rank"],
+        how="left",
+    )
     return out.with_columns(
         pl.col("entered").is_not_null().alias("has_rows"),
+        # A member that left no evidence at all may have entered anything: it does not set the
+        # blocking sequence, it is only reported missing at it.
+        pl.col("rank").is_in(evidence_ranks).alias("has_evidence"),
         pl.col("entered").fill_null(_NONE),
         # The lowest sequence this rank has not completed.
         pl.coalesce(
@@ -161,16 +169,17 @@ def _stuck_streams(grid: pl.DataFrame) -> pl.DataFrame:
     keys = ["comm_id", "seq_kind", "sop"]
     stats = grid.group_by(keys).agg(
         pl.col("first_pending").is_not_null().any().alias("stuck"),
-        (pl.col("entered").min() + 1).alias("s_entry"),
+        (pl.col("entered").filter(pl.col("has_evidence")).min() + 1).alias("s_entry"),
         pl.col("entered").max().alias("max_entered"),
         pl.col("next_incomplete").filter(pl.col("has_rows")).min().alias("s_complete"),
         pl.col("next_incomplete").filter(pl.col("has_rows")).max().alias("max_incomplete"),
     )
     stats = stats.filter(pl.col("stuck"))
     stats = stats.with_columns(
-        (pl.col("s_entry") <= pl.col("max_entered")).alias("has_missing"),
-    ).with_columns(
-        pl.when(pl.col("has_missing")).then(pl.col("s_entry")).otherwise(pl.col("s_complete")).alias("seq"),
+        pl.when(pl.col("s_entry") <= pl.col("max_entered"))
+        .then(pl.col("s_entry"))
+        .otherwise(pl.col("s_complete"))
+        .alias("seq"),
         (pl.col("max_incomplete") > pl.col("s_complete")).alias("has_laggards"),
     )
     joined = grid.join(stats, on=keys, how="inner")
@@ -178,7 +187,7 @@ def _stuck_streams(grid: pl.DataFrame) -> pl.DataFrame:
     return joined.group_by(keys).agg(
         pl.col("seq").first(),
         pl.col("s_complete").first(),
-        pl.col("has_missing").first(),
+        (~entered_at).any().alias("has_missing"),
         pl.col("has_laggards").first(),
         pl.col("rank").filter(entered_at).sort().alias("entered_ranks"),
         pl.col("rank").filter(~entered_at).sort().alias("missing_ranks"),
@@ -202,28 +211,42 @@ def _stuck_streams(grid: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _ops_at(df: pl.DataFrame, stuck: pl.DataFrame) -> pl.DataFrame:
-    """Op, shape and dtype at each stuck stream's blocking seq, with per-rank signatures for mismatches."""
-    coll = df.filter(~pl.col("is_p2p") & pl.col("seq").is_not_null() & (pl.col("op") != PROGRESS_OP)).with_columns(
-        pl.when(pl.col("seq_kind") == "func").then(pl.col("op")).otherwise(pl.lit("")).alias("sop")
-    )
-    at = coll.join(stuck.select("comm_id", "seq_kind", "sop", "seq"), on=["comm_id", "seq_kind", "sop", "seq"])
-    return at
+def _ops_at(coll: pl.DataFrame, stuck: pl.DataFrame) -> pl.DataFrame:
+    """Rows at each stuck stream's blocking seq (for its op, shape and dtype)."""
+    keys = ["comm_id", "seq_kind", "sop", "seq"]
+    real = coll.filter(pl.col("seq").is_in(stuck.get_column("seq").unique().implode()) & (pl.col("op") != PROGRESS_OP))
+    return real.join(stuck.select(keys), on=keys, how="semi")
 
 
-def _mismatches(df: pl.DataFrame) -> pl.DataFrame:
-    """(stream, seq) where ranks disagree on op, dtype or (for size-bound ops) element count."""
-    coll = df.filter(~pl.col("is_p2p") & pl.col("seq").is_not_null() & (pl.col("op") != PROGRESS_OP)).with_columns(
-        pl.when(pl.col("seq_kind") == "func").then(pl.col("op")).otherwise(pl.lit("")).alias("sop")
+def _mismatches(coll: pl.DataFrame, at: pl.DataFrame) -> pl.DataFrame:
+    """(stream, seq) where ranks disagree on op, dtype or (for size-bound ops) element count.
+
+    Checked where it can explain a hang: at sequences some rank has not completed and at each
+    stuck stream's blocking sequence. Completed history is not re-checked (it is most of the data).
+    """
+    keys = ["comm_id", "seq_kind", "sop", "seq"]
+    pending = coll.filter((pl.col("state") != "completed") & (pl.col("op") != PROGRESS_OP))
+    candidates = pl.concat([pending.select(keys), at.select(keys)]).unique()
+    coll = pl.concat([pending, at]).unique(subset=["_row"]).join(candidates, on=keys, how="semi")
+    # Cheap first pass over rows; the per-rank signatures below only for the flagged groups.
+    rough = coll.group_by(keys).agg(
+        pl.col("op").n_unique().alias("n_op"),
+        pl.col("dtype").drop_nulls().n_unique().alias("n_dtype"),
+        pl.col("count").drop_nulls().n_unique().alias("n_count"),
+        pl.col("rank").n_unique().alias("n_ranks"),
     )
+    rough = rough.filter(
+        (pl.col("n_ranks") > 1) & ((pl.col("n_op") > 1) | (pl.col("n_dtype") > 1) | (pl.col("n_count") > 1))
+    )
+    coll = coll.join(rough.select(keys), on=keys, how="semi")
     # One signature per rank and seq (coalesced groups may put several rows on one seq).
-    per_rank = coll.group_by("comm_id", "seq_kind", "sop", "seq", "rank").agg(
+    per_rank = coll.group_by(*keys, "rank").agg(
         pl.col("op").sort().str.join(",").alias("op"),
         pl.col("dtype").drop_nulls().sort().str.join(",").alias("dtype"),
         pl.col("count").sum().alias("count"),
         pl.col("count").is_null().any().alias("count_unknown"),
     )
-    grouped = per_rank.group_by("comm_id", "seq_kind", "sop", "seq").agg(
+    grouped = per_rank.group_by(keys).agg(
         pl.col("op").n_unique().alias("n_op"),
         pl.col("dtype").filter(pl.col("dtype") != "").n_unique().alias("n_dtype"),
         pl.col("count").filter(~pl.col("count_unknown")).n_unique().alias("n_count"),
@@ -235,9 +258,7 @@ def _mismatches(df: pl.DataFrame) -> pl.DataFrame:
         (pl.col("n_ranks") > 1)
         & ((pl.col("n_op") > 1) | (pl.col("n_dtype") > 1) | (size_bound & (pl.col("n_count") > 1)))
     )
-    if flagged.is_empty():
-        return flagged.join(per_rank, on=["comm_id", "seq_kind", "sop", "seq"], how="inner")
-    return flagged.join(per_rank, on=["comm_id", "seq_kind", "sop", "seq"], how="inner")
+    return flagged.join(per_rank, on=keys, how="inner")
 
 
 def _p2p(df: pl.DataFrame) -> pl.DataFrame:
@@ -362,19 +383,21 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
         report["summary"] = "No operations in the evidence."
         return report
 
-    members, info = _members(df)
-    evidence_ranks = set(df.get_column("rank").unique().to_list())
+    coll, rest = _split(df)
+    per_rank = _per_rank_streams(coll)
+    members, info = _members(per_rank, rest, df)
+    evidence_ranks = set(pl.concat([per_rank.get_column("rank"), rest.get_column("rank")]).unique().to_list())
     world = set(members.get_column("rank").unique().to_list()) | evidence_ranks
     no_evidence = sorted(world - evidence_ranks)
-    activity = _last_activity(df)
-    last_ns = {r: t for r, t in activity.select("rank", "last_activity_ns").iter_rows()}
+    activity = _rank_activity(per_rank, rest)
+    last_ns = dict(activity.select("rank", "last_activity_ns").iter_rows())
     desc_of = {c: d for c, d, _ in info.iter_rows()}
 
-    grid = _collective_streams(df, members)
+    grid = _collective_streams(per_rank, members, sorted(evidence_ranks))
     stuck = _stuck_streams(grid)
-    at = _ops_at(df, stuck)
-    mism = _mismatches(df)
-    p2p = _p2p(df)
+    at = _ops_at(coll, stuck)
+    mism = _mismatches(coll, at)
+    p2p = _p2p(rest)
 
     # Representative op/shape/dtype at each blocking seq: the most common among the ranks there.
     # Ties (e.g. all_to_all, whose split sizes differ per rank) go to the lowest rank.
@@ -394,9 +417,7 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
     mismatch_at: dict[tuple, dict] = {}
     mismatches = []
     if not mism.is_empty():
-        for key, rows in mism.sort("seq", "rank").group_by(
-            ["comm_id", "seq_kind", "sop", "seq"], maintain_order=True
-        ):
+        for key, rows in mism.sort("seq", "rank").group_by(["comm_id", "seq_kind", "sop", "seq"], maintain_order=True):
             comm_id, seq_kind, sop, seq = key
             item = {"group_id": comm_id, "group_desc": desc_of.get(comm_id), "seq": int(seq), "fields": {}}
             minority: set[int] = set()
@@ -445,7 +466,11 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
             kind = "lagging_ranks"
         else:
             kind = "all_inside"
-        if row["has_missing"]:
+        if mismatch and len(mismatch["ranks"]) < len(entered):
+            # Ranks that called the majority op wait for the ones that called something else.
+            blockers = [r for r in mismatch["ranks"] if r in entered]
+            waiters = [r for r in entered if r not in blockers]
+        elif row["has_missing"]:
             blockers, waiters = missing, waiting
         elif lagging:
             blockers, waiters = lagging, [r for r in ahead if r not in lagging]
@@ -559,7 +584,7 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
     if latest is not None:
         gap = int(silence_s * 1e9)
         stopped = sorted(r for r, t in last_ns.items() if t is not None and latest - t > gap)
-    abandoned = {str(r): int(n) for r, _, n, _ in activity.iter_rows() if n}
+    abandoned = {str(r): int(n) for r, n in activity.select("rank", "abandoned").iter_rows() if n}
 
     # The chain: from each root outwards, which groups it blocks and who waits there.
     chain = []
@@ -589,7 +614,7 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
                 queue.append(waiter)
 
     # Per-rank evidence.
-    last_ops = _last_ops(df)
+    last_ops = df[activity.get_column("last_row").to_list()] if not activity.is_empty() else df.clear()
     evidence: dict[str, dict] = {}
     root_set = set(roots)
     for row in last_ops.iter_rows(named=True):

@@ -6,10 +6,12 @@
    arrival (start), lateness (arrival minus the earliest member's) and waiting (time inside the
    operation before the last member arrived). The straggler arrives last and waits least.
 2. **Indices per step and rank.** score = (lateness - waiting) / the step's largest |lateness -
-   waiting|, in [-1, 1]; ``straggler_index`` is its mean over steps; ``lateness_share`` the
+   waiting|, in [-1, 1]; ``arrival_score`` is its mean over steps; ``lateness_share`` the
    rank's share of the step's total lateness; ``consistency`` the share of steps in which the
    rank scored highest; ``compute_gap_growth`` how much longer the rank's time outside
-   communication is than the median rank's.
+   communication is than the median rank's. In a pipeline, arrival order follows the stage
+   schedule, so these describe symptoms; ``straggler_index`` is the cause measure: the share of
+   step time the what-if replay saves were the rank (or the culprit group holding it) not slow.
 3. **Causal waiting.** Every member that waited is linked to the member that arrived last.
 4. **What-if.** A replay of each step on its dependency graph: each event starts after the
    previous one on its rank plus the observed gap, and a matched operation ends when its last
@@ -17,7 +19,8 @@
    their gaps and local (compute) durations by the median of the other ranks for the same
    operation; the replayed step time with and without gives the slowdown attributed to them.
    Culprits are chosen greedily among single ranks and parallel-coordinate groups (a DP rank, a
-   PP stage, a TP rank) while removing the next one still saves ``min_gain`` of the step time.
+   PP stage, a TP rank) while removing the next one still saves ``min_gain`` of the step time;
+   among candidates saving at least 90% of the best saving, the one with the fewest ranks wins.
 """
 
 from __future__ import annotations
@@ -28,57 +31,105 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from comminsight.semantic.roles import infer_roles
+
 COORDS = ("dp_rank", "pp_rank", "tp_rank")
-P2P_TOLERANCE_NS = 20_000
+P2P_WINDOW_NS = 2_000_000  # a receive ends within this of its send handing over
+
+
+def _pair_p2p(p2p: pl.DataFrame) -> pl.DataFrame:
+    """recv row -> send row (``partner_row``) for point-to-point events.
+
+    With peers: the n-th send from a to b pairs with the n-th receive on b from a. Without peers:
+    a receive completes just after its send has handed the data over, so it pairs with the send
+    on another rank of the same communicator that ended last before it (within P2P_WINDOW_NS).
+    """
+    with_peer = p2p.filter(pl.col("peer").is_not_null()).with_columns(
+        sender=pl.when(pl.col("op") == "send").then(pl.col("rank")).otherwise(pl.col("peer")),
+        receiver=pl.when(pl.col("op") == "send").then(pl.col("peer")).otherwise(pl.col("rank")),
+    )
+    with_peer = with_peer.with_columns(
+        k=pl.col("arrival_ns").rank("ordinal").over("comm_id", "sender", "receiver", "op")
+    )
+    keys = ["comm_id", "sender", "receiver", "k"]
+    peered = (
+        with_peer.filter(pl.col("op") == "recv")
+        .select("row", *keys)
+        .join(with_peer.filter(pl.col("op") == "send").select(*keys, partner_row=pl.col("row")), on=keys, how="inner")
+        .select("row", "partner_row")
+    )
+    no_peer = p2p.filter(pl.col("peer").is_null())
+    recvs = no_peer.filter(pl.col("op") == "recv").select("row", "rank", "comm_id", "end_ns").sort("end_ns")
+    sends = (
+        no_peer.filter(pl.col("op") == "send")
+        .select(
+            partner_row=pl.col("row"), send_rank=pl.col("rank"), comm_id=pl.col("comm_id"), send_end=pl.col("end_ns")
+        )
+        .sort("send_end")
+    )
+    if recvs.height and sends.height:
+        guessed = recvs.join_asof(
+            sends,
+            left_on="end_ns",
+            right_on="send_end",
+            by="comm_id",
+            strategy="backward",
+            tolerance=P2P_WINDOW_NS,
+            check_sortedness=False,
+        )
+        guessed = guessed.filter(pl.col("partner_row").is_not_null() & (pl.col("send_rank") != pl.col("rank")))
+        guessed = guessed.select("row", "partner_row")
+    else:
+        guessed = pl.DataFrame(schema={"row": pl.Int64, "partner_row": pl.Int64})
+    return pl.concat([peered, guessed], how="vertical_relaxed")
 
 
 def match_operations(df: pl.DataFrame) -> pl.DataFrame:
-    """Per event: ``group`` (matched instance id, -1 local), ``arrival_ns``, ``lateness_ns``, ``wait_ns``, ``n_members``.
+    """Per event: matched ``group`` (-1 local), ``partner_row`` (a receive's send), arrival, lateness, waiting.
 
     ``df`` must carry a ``row`` column (row index); the result is in ``row`` order.
     """
     arrival = pl.coalesce(pl.col("start_ns"), pl.col("enqueue_ns"))
-    base = df.select("row", "rank", "comm_id", "op", "is_p2p", "seq", "peer", "comm_size", "start_ns", "end_ns", "enqueue_ns")
+    base = df.select(
+        "row", "rank", "comm_id", "op", "is_p2p", "seq", "peer", "comm_size", "start_ns", "end_ns", "enqueue_ns"
+    )
     base = base.with_columns(arrival_ns=arrival, end_ns=pl.coalesce(pl.col("end_ns"), arrival))
     coll = base.filter(~pl.col("is_p2p") & (pl.col("op") != "compute") & (pl.col("comm_size").fill_null(2) > 1))
-    coll = coll.with_columns(key=pl.concat_str([pl.lit("c"), pl.col("comm_id"), pl.col("seq").cast(pl.String)], separator="|"))
-    p2p = base.filter(pl.col("is_p2p"))
-    with_peer = p2p.filter(pl.col("peer").is_not_null())
-    with_peer = with_peer.with_columns(
-        sender=pl.when(pl.col("op") == "send").then(pl.col("rank")).otherwise(pl.col("peer")),
-        receiver=pl.when(pl.col("op") == "send").then(pl.col("peer")).otherwise(pl.col("rank")),
-    ).with_columns(k=pl.col("arrival_ns").rank("ordinal").over("rank", "comm_id", "op", "peer"))
-    with_peer = with_peer.with_columns(
-        key=pl.concat_str(
-            [pl.lit("p"), pl.col("comm_id"), pl.col("sender").cast(pl.String), pl.col("receiver").cast(pl.String), pl.col("k").cast(pl.String)],
-            separator="|",
-        )
-    ).drop("sender", "receiver", "k")
-    no_peer = p2p.filter(pl.col("peer").is_null()).sort("comm_id", "end_ns")
-    # Without peers, a transfer's two sides are the events that complete together.
-    no_peer = no_peer.with_columns(
-        brk=(
-            (pl.col("end_ns").diff().over("comm_id").fill_null(P2P_TOLERANCE_NS + 1) > P2P_TOLERANCE_NS)
-        ).cast(pl.Int64)
-    ).with_columns(key=pl.concat_str([pl.lit("q"), pl.col("comm_id"), pl.col("brk").cum_sum().over("comm_id").cast(pl.String)], separator="|")).drop("brk")
-    matched = pl.concat([coll, with_peer, no_peer], how="vertical_relaxed")
-    stats = matched.group_by("key").agg(
-        first=pl.col("arrival_ns").min(), last=pl.col("arrival_ns").max(), n_members=pl.col("rank").n_unique()
-    ).filter(pl.col("n_members") > 1).with_columns(group=pl.int_range(pl.len(), dtype=pl.Int64))
+    coll = coll.with_columns(
+        key=pl.concat_str([pl.lit("c"), pl.col("comm_id"), pl.col("seq").cast(pl.String)], separator="|")
+    )
+    pairs = _pair_p2p(base.filter(pl.col("is_p2p")))
+    # A transfer is a two-member group (receive and its send) for lateness and waiting.
+    p2p_members = pl.concat(
+        [
+            pairs.select("row", key=pl.lit("p|") + pl.col("row").cast(pl.String)),
+            pairs.select(row=pl.col("partner_row"), key=pl.lit("p|") + pl.col("row").cast(pl.String)),
+        ]
+    ).unique("row", keep="first")
+    p2p = base.join(p2p_members, on="row", how="inner")
+    matched = pl.concat([coll, p2p], how="vertical_relaxed")
+    stats = (
+        matched.group_by("key")
+        .agg(first=pl.col("arrival_ns").min(), last=pl.col("arrival_ns").max(), n_members=pl.col("rank").n_unique())
+        .filter(pl.col("n_members") > 1)
+        .with_columns(group=pl.int_range(pl.len(), dtype=pl.Int64))
+    )
     matched = matched.join(stats, on="key", how="inner").select(
         "row",
         "group",
         "n_members",
+        "is_p2p",
         lateness_ns=pl.col("arrival_ns") - pl.col("first"),
         wait_ns=(pl.min_horizontal(pl.col("last"), pl.col("end_ns")) - pl.col("arrival_ns")).clip(lower_bound=0),
         last_arrival_ns=pl.col("last"),
     )
-    out = base.select("row", "rank", "arrival_ns").join(matched, on="row", how="left").sort("row")
-    return out.with_columns(
+    out = base.select("row", "rank", "arrival_ns").join(matched, on="row", how="left").join(pairs, on="row", how="left")
+    return out.sort("row").with_columns(
         pl.col("group").fill_null(-1),
         pl.col("n_members").fill_null(1),
         pl.col("lateness_ns").fill_null(0),
         pl.col("wait_ns").fill_null(0),
+        pl.col("is_p2p").fill_null(False),
     )
 
 
@@ -117,24 +168,41 @@ def _with_steps(df: pl.DataFrame, use_labels: bool) -> tuple[pl.DataFrame, str]:
     report = recover_steps(df.drop("row"))
     starts = report.rank_steps.select(pl.col("rank").cast(pl.Int64), "start_ns", _step=pl.col("step")).sort("start_ns")
     rows = df.select("row", pl.col("rank").cast(pl.Int64), key=pl.coalesce("start_ns", "enqueue_ns")).sort("key")
-    joined = rows.join_asof(starts, left_on="key", right_on="start_ns", by="rank", strategy="backward")
+    joined = rows.join_asof(
+        starts, left_on="key", right_on="start_ns", by="rank", strategy="backward", check_sortedness=False
+    )
     steps = joined.select("row", "_step").sort("row")
-    return df.join(steps, on="row", how="left").with_columns(pl.col("_step").fill_null(-1)), f"recovered ({report.method})"
+    return df.join(steps, on="row", how="left").with_columns(
+        pl.col("_step").fill_null(-1)
+    ), f"recovered ({report.method})"
 
 
-def _replay(ev: dict[str, np.ndarray], gap: np.ndarray, work: np.ndarray, max_iter: int = 100_000) -> np.ndarray:
-    """End time of every event under the replay model (see module doc); all steps at once."""
-    end = ev["step_start"].astype(np.float64).copy()
-    prev = ev["prev"]
-    first = prev < 0
-    group = ev["group_dense"]
+def _replay(ev: dict[str, np.ndarray], gap: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """End time of every event under the replay model (see module doc); all steps at once.
+
+    Iterates from below to the least fixed point; each pass advances every dependency chain
+    by at least one operation, so the passes are bounded by the longest chain. Matching
+    errors can form cycles; the pass limit stops them (replay_error in the report shows it).
+    """
+    max_iter = int(ev["max_chain"]) + 16
+    step_start = ev["step_start"] + ev["carry"]
+    end = step_start.copy()
+    prev, first = ev["prev"], ev["prev"] < 0
+    group, batch, partner = ev["group_dense"], ev["batch"], ev["partner"]
+    has_partner = partner >= 0
+    safe_partner = np.maximum(partner, 0)
     n_groups = int(group.max()) + 1 if group.size else 0
+    n_batches = int(batch.max()) + 1 if batch.size else 0
     for _ in range(max_iter):
-        before = np.where(first, ev["step_start"], end[np.maximum(prev, 0)])
-        arrive = before + gap
+        arrive = np.where(first, step_start, end[np.maximum(prev, 0)]) + gap
         last = np.full(n_groups, -np.inf)
         np.maximum.at(last, group, arrive)
-        new_end = last[group] + work
+        ready = last[group]
+        ready = np.where(has_partner, np.maximum(ready, arrive[safe_partner]), ready)
+        own = ready + work
+        batch_end = np.full(n_batches, -np.inf)
+        np.maximum.at(batch_end, batch, own)
+        new_end = batch_end[batch]
         if np.array_equal(new_end, end):
             break
         end = new_end
@@ -142,47 +210,100 @@ def _replay(ev: dict[str, np.ndarray], gap: np.ndarray, work: np.ndarray, max_it
 
 
 def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
-    ev = df.join(matches.select("row", "group", "last_arrival_ns"), on="row", how="left").filter(pl.col("_step") >= 0)
+    ev = df.join(matches.select("row", "group", "is_p2p", "last_arrival_ns", "partner_row"), on="row", how="left")
+    ev = ev.filter(pl.col("_step") >= 0)
     ev = ev.with_columns(s=pl.coalesce("start_ns", "enqueue_ns"), e=pl.coalesce("end_ns", "start_ns", "enqueue_ns"))
     ev = ev.filter(pl.col("s").is_not_null()).sort("rank", "_step", "s", "row")
+    # What makes two ranks' operations "the same" for the what-if reference: the signature
+    # (role, op, size); when sizes are unknown, the operation's name as the source gave it.
+    roles = infer_roles(df.drop("row", "_step"))
+    role = pl.col("comm_id").replace_strict(roles, default="other", return_dtype=pl.String)
     ev = ev.with_columns(
         step_start=pl.col("s").min().over("_step"),
-        label=pl.coalesce("comm_name", "op"),
-    ).with_columns(
-        occurrence=pl.col("s").rank("ordinal").over("rank", "_step", "label"),
-        prev_end=pl.col("e").shift(1).over("rank", "_step"),
-    )
+        label=pl.when(pl.col("bytes").is_not_null())
+        .then(pl.concat_str([role, pl.col("op"), pl.col("bytes").cast(pl.String)], separator="|"))
+        .otherwise(pl.concat_str([role, pl.col("op"), pl.col("comm_name").fill_null("")], separator="|")),
+    ).with_columns(occurrence=pl.col("s").rank("ordinal").over("rank", "_step", "label"))
     n = ev.height
     idx = np.arange(n)
-    same = np.zeros(n, dtype=bool)
     r = ev.get_column("rank").to_numpy()
     st = ev.get_column("_step").to_numpy()
-    same[1:] = (r[1:] == r[:-1]) & (st[1:] == st[:-1])
-    prev = np.where(same, idx - 1, -1)
-    grp = ev.get_column("group").fill_null(-1).to_numpy()
-    # Local events get their own group; matched ones share their instance's.
-    dense = np.where(grp >= 0, grp, -1)
-    local = dense < 0
-    dense = dense.astype(np.int64)
-    dense[local] = (grp.max(initial=-1) + 1) + np.arange(int(local.sum()))
-    _, dense = np.unique(dense, return_inverse=True)
     s = ev.get_column("s").to_numpy().astype(np.float64)
     e = ev.get_column("e").to_numpy().astype(np.float64)
+    same = np.zeros(n, dtype=bool)
+    same[1:] = (r[1:] == r[:-1]) & (st[1:] == st[:-1])
+    prev = np.where(same, idx - 1, -1)
+    # Operations a rank issued at the same instant form a batch (grouped send/recv): each waits
+    # for what preceded the batch, and the batch completes together.
+    batched = np.zeros(n, dtype=bool)
+    batched[1:] = same[1:] & (s[1:] == s[:-1])
+    head = np.maximum.accumulate(np.where(~batched, idx, 0))
+    prev = np.where(batched, prev[head], prev)
+    _, batch = np.unique(head, return_inverse=True)
+    # Symmetric groups: collectives only; local events and P2P get a group of their own.
+    grp = ev.get_column("group").fill_null(-1).to_numpy()
+    p2p = ev.get_column("is_p2p").fill_null(False).to_numpy()
+    collective = (grp >= 0) & ~p2p
+    dense = np.where(collective, grp, -1).astype(np.int64)
+    dense[~collective] = grp.max(initial=-1) + 1 + np.arange(int((~collective).sum()))
+    _, dense = np.unique(dense, return_inverse=True)
+    # Receive -> index of its send in this ordering.
+    pos = pl.DataFrame({"row": ev.get_column("row"), "pos": idx})
+    partner = (
+        ev.select("partner_row")
+        .join(pos.rename({"row": "partner_row"}), on="partner_row", how="left", maintain_order="left")
+        .get_column("pos")
+        .fill_null(-1)
+        .to_numpy()
+        .astype(np.int64)
+    )
     step_start = ev.get_column("step_start").to_numpy().astype(np.float64)
-    prev_end = np.where(prev >= 0, e[np.maximum(prev, 0)], step_start)
+    # A rank's first event in a step: the time until the rank finished its previous step is
+    # carried in (it belongs to earlier steps' dependencies); only the rest is its own gap.
+    last_end = ev.group_by("rank", "_step").agg(_last=pl.col("e").max()).sort("rank", "_step")
+    last_end = last_end.with_columns(_prev_last=pl.col("_last").shift(1).over("rank")).drop("_last")
+    own_start = (
+        ev.select("rank", "_step")
+        .join(last_end, on=["rank", "_step"], how="left", maintain_order="left")
+        .get_column("_prev_last")
+        .fill_null(np.nan)
+        .to_numpy()
+        .astype(np.float64)
+    )
+    own_start = np.where(np.isnan(own_start), s, own_start)  # first step seen: no earlier end known
+    # The step begins when the first rank has finished its previous step (or, for the first
+    # step seen, when the first rank starts it).
+    first_of = prev < 0
+    candidate = np.where(first_of, np.minimum(own_start, s), np.inf)
+    step_ids, inv = np.unique(st, return_inverse=True)
+    begin = np.full(step_ids.size, np.inf)
+    np.minimum.at(begin, inv, candidate)
+    step_start = begin[inv]
+    own_start = np.maximum(np.minimum(own_start, s), step_start)
+    carry = np.where(prev < 0, own_start - step_start, 0.0)
+    prev_end = np.where(prev >= 0, e[np.maximum(prev, 0)], own_start)
     gap = np.maximum(s - prev_end, 0.0)
     last_arrival = ev.get_column("last_arrival_ns").to_numpy().astype(np.float64)
-    matched = ~local
-    work = np.where(matched, np.maximum(e - np.where(np.isnan(last_arrival), s, last_arrival), 0.0), e - s)
+    ready = np.where(collective & ~np.isnan(last_arrival), np.maximum(s, last_arrival), s)
+    ready = np.where(partner >= 0, np.maximum(ready, s[np.maximum(partner, 0)]), ready)
+    work = np.maximum(e - ready, 0.0)
+    # Within a batch only the member that finished last carries the batch's completion.
+    batch_end = np.full(int(batch.max()) + 1 if n else 0, -np.inf)
+    np.maximum.at(batch_end, batch, e)
+    counts = np.bincount(np.unique(r * (st.max(initial=0) + 2) + st + 1, return_inverse=True)[1]) if n else np.ones(1)
     arrays = {
         "prev": prev,
         "group_dense": dense,
+        "batch": batch,
+        "partner": partner,
         "step_start": step_start,
+        "carry": carry,
         "gap": gap,
         "work": work,
-        "matched": matched,
+        "matched": collective | p2p,
         "rank": r,
         "step": st,
+        "max_chain": np.int64(4 * int(counts.max(initial=1))),
     }
     return ev, arrays
 
@@ -209,11 +330,11 @@ def _what_if(ev: pl.DataFrame, arrays: dict[str, np.ndarray], culprits: set[int]
     gap, work = arrays["gap"].copy(), arrays["work"].copy()
     ref_gap = _reference(ev, gap, mask)
     ok = mask & ~np.isnan(ref_gap)
-    gap[ok] = np.minimum(gap[ok], ref_gap[ok])
+    gap[ok] = ref_gap[ok]  # "not slow" means "like the others", not "faster than everyone"
     local = ~arrays["matched"]
     ref_work = _reference(ev, np.where(local, work, np.nan), mask)
     ok = mask & local & ~np.isnan(ref_work)
-    work[ok] = np.minimum(work[ok], ref_work[ok])
+    work[ok] = ref_work[ok]
     return float(_step_times(arrays, _replay(arrays, gap, work)).sum())
 
 
@@ -236,20 +357,28 @@ def analyse_stragglers(
 
     # Per (step, rank): lateness, waiting, time outside communication.
     per = in_group.group_by("_step", "rank").agg(late=pl.col("lateness_ns").sum(), wait=pl.col("wait_ns").sum())
-    span = joined.filter(pl.col("_step") >= 0).group_by("_step", "rank").agg(
-        busy=(pl.col("end_ns") - pl.col("start_ns")).filter(pl.col("op") != "compute").sum(),
-        span=pl.col("end_ns").max() - pl.col("start_ns").min(),
-        compute=(pl.col("end_ns") - pl.col("start_ns")).filter(pl.col("op") == "compute").sum(),
+    span = (
+        joined.filter(pl.col("_step") >= 0)
+        .group_by("_step", "rank")
+        .agg(
+            busy=(pl.col("end_ns") - pl.col("start_ns")).filter(pl.col("op") != "compute").sum(),
+            span=pl.col("end_ns").max() - pl.col("start_ns").min(),
+            compute=(pl.col("end_ns") - pl.col("start_ns")).filter(pl.col("op") == "compute").sum(),
+        )
     )
     per = span.join(per, on=["_step", "rank"], how="left").fill_null(0).filter(pl.col("_step") >= 0)
-    per = per.with_columns(
-        outside=pl.when(pl.col("compute") > 0).then(pl.col("compute")).otherwise(pl.col("span") - pl.col("busy")),
-        d=(pl.col("late") - pl.col("wait")).cast(pl.Float64),
-    ).with_columns(
-        score=pl.col("d") / pl.col("d").abs().max().over("_step").clip(lower_bound=1.0),
-        late_share=pl.col("late") / pl.col("late").sum().over("_step").clip(lower_bound=1),
-        gap_growth=pl.col("outside") / pl.col("outside").median().over("_step").clip(lower_bound=1) - 1.0,
-    ).with_columns(top=(pl.col("score") == pl.col("score").max().over("_step")))
+    per = (
+        per.with_columns(
+            outside=pl.when(pl.col("compute") > 0).then(pl.col("compute")).otherwise(pl.col("span") - pl.col("busy")),
+            d=(pl.col("late") - pl.col("wait")).cast(pl.Float64),
+        )
+        .with_columns(
+            score=pl.col("d") / pl.col("d").abs().max().over("_step").clip(lower_bound=1.0),
+            late_share=pl.col("late") / pl.col("late").sum().over("_step").clip(lower_bound=1),
+            gap_growth=pl.col("outside") / pl.col("outside").median().over("_step").clip(lower_bound=1) - 1.0,
+        )
+        .with_columns(top=(pl.col("score") == pl.col("score").max().over("_step")))
+    )
     n_steps = max(per.get_column("_step").n_unique(), 1)
     rank_stats = per.group_by("rank").agg(
         straggler_index=pl.col("score").mean(),
@@ -260,7 +389,9 @@ def analyse_stragglers(
     late_stats = in_group.group_by("rank").agg(
         mean_lateness_ms=pl.col("lateness_ns").mean() / 1e6, waiting_ms=pl.col("wait_ns").sum() / 1e6
     )
-    rank_stats = rank_stats.join(late_stats, on="rank", how="left").fill_null(0.0).sort("straggler_index", descending=True)
+    rank_stats = (
+        rank_stats.join(late_stats, on="rank", how="left").fill_null(0.0).sort("straggler_index", descending=True)
+    )
 
     # Causal waiting: each waiting member -> the last arriver of that instance.
     arrivals = in_group.join(matches.select("row", "arrival_ns"), on="row")
@@ -279,7 +410,9 @@ def analyse_stragglers(
     ev, arrays = _prepare_replay(df, matches)
     observed = _step_times(arrays, ev.get_column("e").to_numpy().astype(np.float64))
     base_total = float(_step_times(arrays, _replay(arrays, arrays["gap"], arrays["work"])).sum())
-    coords = [c for c in COORDS if c in df.columns and df.get_column(c).null_count() == 0 and df.get_column(c).n_unique() > 1]
+    coords = [
+        c for c in COORDS if c in df.columns and df.get_column(c).null_count() == 0 and df.get_column(c).n_unique() > 1
+    ]
     rank_coord = df.group_by("rank").agg([pl.col(c).first() for c in coords]) if coords else None
     candidates: list[tuple[str, set[int]]] = [(f"rank={r}", {r}) for r in ranks_all]
     by_coordinate: dict[str, dict] = {}
@@ -289,34 +422,44 @@ def analyse_stragglers(
             for value, grp in rank_coord.group_by(c):
                 members = set(grp.get_column("rank").to_list())
                 candidates.append((f"{c.removesuffix('_rank')}={value[0]}", members))
-    index_of = dict(zip(rank_stats.get_column("rank").to_list(), rank_stats.get_column("straggler_index").to_list(), strict=True))
+    index_of = dict(
+        zip(rank_stats.get_column("rank").to_list(), rank_stats.get_column("straggler_index").to_list(), strict=True)
+    )
     gains: dict[str, float] = {}
     for name, members in candidates:
         total = _what_if(ev, arrays, members, base_total)
         gains[name] = base_total / total if total > 0 else 1.0
     for name, members in candidates:
         if "=" in name and not name.startswith("rank="):
-            coord, value = name.split("=", 1)
-            by_coordinate[coord][value] = {
+            coord, coord_value = name.split("=", 1)
+            by_coordinate[coord][coord_value] = {
                 "ranks": sorted(members),
                 "slowdown_ratio": gains[name],
-                "mean_straggler_index": float(np.mean([index_of.get(m, 0.0) for m in members])),
+                "mean_arrival_score": float(np.mean([index_of.get(m, 0.0) for m in members])),
             }
     chosen: set[int] = set()
     groups: list[dict] = []
     current = base_total
     for _ in range(max_culprit_groups):
-        best_name, best_total, best_members = None, current, set()
+        totals = {}
         for name, members in candidates:
             if members <= chosen:
                 continue
-            total = _what_if(ev, arrays, chosen | members, base_total) if chosen else base_total / gains[name]
-            if total < best_total - 1e-9 or (best_name is not None and abs(total - best_total) <= 1e-9 and len(members) < len(best_members)):
-                best_name, best_total, best_members = name, total, members
-        if best_name is None or (current - best_total) < min_gain * current:
+            totals[name] = _what_if(ev, arrays, chosen | members, base_total) if chosen else base_total / gains[name]
+        if not totals:
             break
+        best_saving = current - min(totals.values())
+        if best_saving < min_gain * current:
+            break
+        # Among candidates saving nearly as much as the best, blame the fewest ranks.
+        near = [n for n, t in totals.items() if current - t >= 0.9 * best_saving]
+        best_name = min(near, key=lambda n: (len(dict(candidates)[n]), totals[n]))
+        best_members = dict(candidates)[best_name]
+        best_total = totals[best_name]
         new = sorted(best_members - chosen, key=lambda m: -index_of.get(m, 0.0))
-        groups.append({"group": best_name, "ranks": new, "saves_ms_per_step": (current - best_total) / 1e6 / len(observed)})
+        groups.append(
+            {"group": best_name, "ranks": new, "saves_ms_per_step": (current - best_total) / 1e6 / len(observed)}
+        )
         chosen |= best_members
         current = best_total
     culprits = [r for g in groups for r in g["ranks"]]
@@ -329,12 +472,20 @@ def analyse_stragglers(
         "replay_error": abs(base_total - float(observed.sum())) / max(float(observed.sum()), 1.0),
         "steps": int(observed.size),
     }
+    # straggler_index: share of step time saved were the rank (or the culprit group holding it) not slow.
+    saved = {r: 1.0 - 1.0 / gains.get(f"rank={r}", 1.0) for r in ranks_all}
+    for name, members in candidates:
+        if name.startswith("rank=") or not (members & chosen):
+            continue
+        for m in members:
+            saved[m] = max(saved[m], 1.0 - 1.0 / gains[name])
     ranks_out = []
     for row in rank_stats.iter_rows(named=True):
         ranks_out.append(
             {
                 "rank": int(row["rank"]),
-                "straggler_index": float(row["straggler_index"]),
+                "straggler_index": max(0.0, float(saved.get(row["rank"], 0.0))),
+                "arrival_score": float(row["straggler_index"]),
                 "mean_lateness_ms": float(row["mean_lateness_ms"]),
                 "waiting_ms": float(row["waiting_ms"]),
                 "lateness_share": float(row["lateness_share"]),
@@ -343,6 +494,7 @@ def analyse_stragglers(
                 "slowdown_ratio_without": gains.get(f"rank={row['rank']}", 1.0),
             }
         )
+    ranks_out.sort(key=lambda x: (-x["straggler_index"], -x["arrival_score"]))
     per_step = (
         per.sort("score", descending=True)
         .group_by("_step", maintain_order=True)

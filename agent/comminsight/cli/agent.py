@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
 import httpx
@@ -24,10 +25,15 @@ def run_command(
     from comminsight.agent.daemon import run
 
     config = load_config(home=home)
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    try:
+        # When the profiler autostarts us, stdio is /dev/null: the log file is where the lines go.
+        (config.home / "logs").mkdir(parents=True, exist_ok=True)
+        handlers.append(RotatingFileHandler(config.home / "logs" / "agent.log", maxBytes=16 << 20, backupCount=3))
+    except OSError as exc:
+        print(f"warning: cannot write {config.home / 'logs' / 'agent.log'}: {exc}", file=sys.stderr)
     logging.basicConfig(
-        level=config.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers
     )
     raise typer.Exit(run(config))
 
@@ -103,9 +109,13 @@ def status_command(
         table.add_column(column)
     for c in comms:
         table.add_row(
-            c["comm_hash"], c["comm_name"] or "-", f"{len(c['ranks'])}/{c['nranks']}",
-            str(sum(o["count"] for o in c["ops"].values())), str(c["last_completed_seq"]),
-            ",".join(map(str, c["lagging_ranks"])) or "-", str(c["inflight"]),
+            c["comm_hash"],
+            c["comm_name"] or "-",
+            f"{len(c['ranks'])}/{c['nranks']}",
+            str(sum(o["count"] for o in c["ops"].values())),
+            str(c["last_completed_seq"]),
+            ",".join(map(str, c["lagging_ranks"])) or "-",
+            str(c["inflight"]),
         )
     console.print(table)
     if hang["hang"]:

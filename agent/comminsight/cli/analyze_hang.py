@@ -32,7 +32,7 @@ def hang_command(
     try:
         table = load_evidence(path, input_format)
     except EvidenceError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     report = analyze_hang(table, silence_s=silence_s)
     if output_format is OutputFormat.json:

@@ -94,10 +94,10 @@ def import_command(
             progress.update(task, description=f"writing {table.num_rows} operations to {output}")
             write_parquet(table, output)
     except EvidenceError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except OSError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     elapsed = time.perf_counter() - started
     ranks = pc.count_distinct(table.column("rank")).as_py() if table.num_rows else 0

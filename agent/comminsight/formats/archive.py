@@ -135,14 +135,17 @@ def write_archive(dest: Path | str, manifest: dict[str, Any], members: Sequence[
         with open(tmp, "wb") as raw:
             hashing = _Hashing(raw)
             cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-            with cctx.stream_writer(hashing, closefd=False) as compressed:
-                with tarfile.open(fileobj=compressed, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                    for name, data in (("manifest.json", manifest_bytes), *zip((e["name"] for e in entries), payloads)):
-                        info = tarfile.TarInfo(name)
-                        info.size = len(data)
-                        info.mtime = mtime
-                        info.mode = 0o644
-                        tar.addfile(info, io.BytesIO(data))
+            names = ["manifest.json", *(e["name"] for e in entries)]
+            with (
+                cctx.stream_writer(hashing, closefd=False) as compressed,
+                tarfile.open(fileobj=compressed, mode="w|", format=tarfile.PAX_FORMAT) as tar,
+            ):
+                for name, data in zip(names, [manifest_bytes, *payloads], strict=True):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    info.mtime = mtime
+                    info.mode = 0o644
+                    tar.addfile(info, io.BytesIO(data))
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(tmp, dest)
@@ -193,9 +196,7 @@ class _CappedStream(io.RawIOBase):
         if self.produced > self.limits.ratio_slack_bytes and self.produced > self.limits.max_ratio * max(
             1, self.counter.count
         ):
-            raise ArchiveError(
-                f"archive expands more than {self.limits.max_ratio:g}x (a decompression bomb?); refused"
-            )
+            raise ArchiveError(f"archive expands more than {self.limits.max_ratio:g}x (a decompression bomb?); refused")
         return n
 
 
@@ -256,7 +257,7 @@ def read_archive(
         dctx = zstandard.ZstdDecompressor(max_window_size=1 << 27)
         inner = dctx.stream_reader(io.BufferedReader(counter, 1 << 16), read_across_frames=True)
         capped = io.BufferedReader(_CappedStream(inner, counter, limits), 1 << 16)
-        tar = tarfile.open(fileobj=capped, mode="r|")
+        tar = tarfile.open(fileobj=capped, mode="r|")  # noqa: SIM115 - lives as long as the member iterator
         first = _next_member(tar, limits, 0)
         if first is None or first.name != "manifest.json":
             raise ArchiveError("first member is not manifest.json")

@@ -77,39 +77,48 @@ def records_to_table(records: np.ndarray, hdr: SegmentHeader, manifest: dict[str
     def nullable(values: np.ndarray, mask: np.ndarray) -> pa.Array:
         return pa.array(values.astype(np.int64), mask=~mask)
 
-    table = pa.table({
-        "workload": pa.array([manifest.get("workload_id") or hdr.workload_id] * n, pa.string()),
-        "node": pa.array([manifest.get("node") or hdr.node_ip or hdr.host] * n, pa.string()),
-        "host": pa.array([hdr.host] * n, pa.string()),
-        "rank": pa.array(np.full(n, rank if rank is not None else -1, dtype=np.int32))
-        if rank is not None else pa.array(records["rank"].astype(np.int32)),
-        "pid": pa.array(records["pid"].astype(np.int32)),
-        "device": pa.array(records["cuda_device"].astype(np.int32), mask=records["cuda_device"] < 0),
-        "comm_id": comm_ids.take(pa.array(comm_inverse.astype(np.int32))),
-        "comm_name": _text(records["comm_name"]),
-        "comm_size": pa.array(records["nranks"].astype(np.int32)),
-        "comm_rank": pa.array(records["rank"].astype(np.int32)),
-        "op": ops,
-        "is_p2p": pa.array(is_p2p),
-        "seq": pa.array(records["seq"].astype(np.int64)),
-        "seq_kind": pa.array(np.where(is_p2p, "p2p", "func").astype(object), pa.string()),
-        "count": pa.array(records["count"].astype(np.int64)),
-        "bytes": pa.array(records["bytes"].astype(np.int64)),
-        "dtype": pa.array(np.char.lower(np.char.replace(np.char.decode(records["dtype"], "utf-8", "replace"),
-                                                        "nccl", "")).astype(object), pa.string()),
-        "peer": pa.array(records["peer"].astype(np.int32), mask=records["peer"] < 0),
-        "state": pa.array(states.astype(object), pa.string()),
-        "enqueue_ns": nullable(records["enqueue_end_ns"], records["enqueue_end_ns"] > 0),
-        "start_ns": nullable(np.where(gpu, records["gpu_start_ns"], 0), gpu & (records["gpu_start_ns"] > 0)),
-        "end_ns": nullable(np.where(gpu, records["gpu_end_ns"], records["complete_ns"]),
-                           np.where(gpu, records["gpu_end_ns"], records["complete_ns"]) > 0),
-        "stream": pa.array(records["stream"].astype(np.int64)),
-        "algo": _text(records["algo"]),
-        "proto": _text(records["proto"]),
-        "n_channels": pa.array(records["n_channels"].astype(np.int32)),
-        "record_id": pa.array(records["record_seq"].astype(np.int64)),
-        "source": pa.array(["archive"] * n, pa.string()),
-    })
+    table = pa.table(
+        {
+            "workload": pa.array([manifest.get("workload_id") or hdr.workload_id] * n, pa.string()),
+            "node": pa.array([manifest.get("node") or hdr.node_ip or hdr.host] * n, pa.string()),
+            "host": pa.array([hdr.host] * n, pa.string()),
+            "rank": pa.array(np.full(n, rank if rank is not None else -1, dtype=np.int32))
+            if rank is not None
+            else pa.array(records["rank"].astype(np.int32)),
+            "pid": pa.array(records["pid"].astype(np.int32)),
+            "device": pa.array(records["cuda_device"].astype(np.int32), mask=records["cuda_device"] < 0),
+            "comm_id": comm_ids.take(pa.array(comm_inverse.astype(np.int32))),
+            "comm_name": _text(records["comm_name"]),
+            "comm_size": pa.array(records["nranks"].astype(np.int32)),
+            "comm_rank": pa.array(records["rank"].astype(np.int32)),
+            "op": ops,
+            "is_p2p": pa.array(is_p2p),
+            "seq": pa.array(records["seq"].astype(np.int64)),
+            "seq_kind": pa.array(np.where(is_p2p, "p2p", "func").astype(object), pa.string()),
+            "count": pa.array(records["count"].astype(np.int64)),
+            "bytes": pa.array(records["bytes"].astype(np.int64)),
+            "dtype": pa.array(
+                np.char.lower(np.char.replace(np.char.decode(records["dtype"], "utf-8", "replace"), "nccl", "")).astype(
+                    object
+                ),
+                pa.string(),
+            ),
+            "peer": pa.array(records["peer"].astype(np.int32), mask=records["peer"] < 0),
+            "state": pa.array(states.astype(object), pa.string()),
+            "enqueue_ns": nullable(records["enqueue_end_ns"], records["enqueue_end_ns"] > 0),
+            "start_ns": nullable(np.where(gpu, records["gpu_start_ns"], 0), gpu & (records["gpu_start_ns"] > 0)),
+            "end_ns": nullable(
+                np.where(gpu, records["gpu_end_ns"], records["complete_ns"]),
+                np.where(gpu, records["gpu_end_ns"], records["complete_ns"]) > 0,
+            ),
+            "stream": pa.array(records["stream"].astype(np.int64)),
+            "algo": _text(records["algo"]),
+            "proto": _text(records["proto"]),
+            "n_channels": pa.array(records["n_channels"].astype(np.int32)),
+            "record_id": pa.array(records["record_seq"].astype(np.int64)),
+            "source": pa.array(["archive"] * n, pa.string()),
+        }
+    )
     return table
 
 

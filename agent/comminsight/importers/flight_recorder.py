@@ -105,10 +105,7 @@ def _read(path: Path) -> dict:
         raise EvidenceError(f"{path}: {size} bytes is over the {MAX_FILE_BYTES}-byte limit for a dump")
     data = path.read_bytes()
     try:
-        if data[:1] == b"\x80":
-            dump = _RestrictedUnpickler(io.BytesIO(data)).load()
-        else:
-            dump = json.loads(data)
+        dump = _RestrictedUnpickler(io.BytesIO(data)).load() if data[:1] == b"\x80" else json.loads(data)
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
         raise EvidenceError(f"{path}: not a readable Flight Recorder dump: {exc}") from exc
     except (RecursionError, MemoryError, OverflowError) as exc:
@@ -321,10 +318,29 @@ def _load_one(path: Path, dump: dict, columns: dict[str, list]) -> int:
     return rank
 
 
-_COLUMNS = (
-    "rank comm_id comm_name comm_desc comm_ranks comm_size comm_rank op is_p2p seq seq_kind count bytes dtype "
-    "shape peer state enqueue_ns start_ns end_ns record_id"
-).split()
+_COLUMNS = [
+    "rank",
+    "comm_id",
+    "comm_name",
+    "comm_desc",
+    "comm_ranks",
+    "comm_size",
+    "comm_rank",
+    "op",
+    "is_p2p",
+    "seq",
+    "seq_kind",
+    "count",
+    "bytes",
+    "dtype",
+    "shape",
+    "peer",
+    "state",
+    "enqueue_ns",
+    "start_ns",
+    "end_ns",
+    "record_id",
+]
 
 
 def load(path: Path) -> pa.Table:

@@ -20,6 +20,8 @@ import base64
 import json
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
+from itertools import pairwise
 
 import numpy as np
 
@@ -43,9 +45,14 @@ def _tables(template: Template) -> tuple[np.ndarray, np.ndarray]:
     return template.tables()
 
 
-def _period_classes(anchor: int) -> np.ndarray:
-    # Every other signature ends the previous step, so each anchor occurrence opens one.
-    cls = np.full(N_SIGNATURES, END, dtype=np.int8)
+def _period_classes(anchor: int, anchor_prev: int) -> np.ndarray:
+    if anchor_prev < 0:
+        # Every other signature ends the previous step, so each anchor occurrence opens one.
+        cls = np.full(N_SIGNATURES, END, dtype=np.int8)
+    else:
+        # The anchor opens a step only right after its predecessor (others are ignored).
+        cls = np.full(N_SIGNATURES, NEUTRAL, dtype=np.int8)
+        cls[anchor_prev] = END
     cls[anchor] = START
     return cls
 
@@ -97,6 +104,7 @@ class _Rank:
 
     method: str | None = None  # template name, "period", or "none"
     anchor: int = -1  # period anchor signature
+    anchor_prev: int = -1  # signature that must precede the anchor (-1: none)
     after_end: bool = True
     step: int = -1  # the step now open on this rank (-1: none yet)
     buffer: dict[str, np.ndarray] | None = None  # warm-up events, then the undecided tail
@@ -170,18 +178,18 @@ class StepEngine:
         if found is None or found.period < 2:
             state.method = "none"
         else:
-            state.method, state.anchor = "period", found.anchor
+            state.method, state.anchor, state.anchor_prev = "period", found.anchor, found.anchor_prev
 
     def _classes(self, state: _Rank) -> tuple[np.ndarray, int]:
         if state.method == "period":
-            return _period_classes(state.anchor), 1
+            return _period_classes(state.anchor, state.anchor_prev), 1
         for template in self.templates:
             if template.name == state.method:
                 return _tables(template)[0], template.min_run
         raise CheckpointError(f"template {state.method!r} is not loaded in this engine")
 
     # ----------------------------------------------------------------- feeding
-    def feed(self, chunk: dict[str, np.ndarray]) -> dict[str, object]:
+    def feed(self, chunk: dict[str, np.ndarray]) -> dict[str, Any]:
         """Consume one chunk; return ``{"rows", "steps", "final"}`` that became certain.
 
         rows/steps: event ids and their step ids (-1 before the first step); final: list of
@@ -200,7 +208,7 @@ class StepEngine:
         if n:
             cuts = np.flatnonzero(np.diff(rank)) + 1
             bounds = np.concatenate(([0], cuts, [n]))
-            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            for lo, hi in pairwise(bounds):
                 r = int(rank[lo])
                 rows, steps, fin = self._feed_rank(r, _take(ev_all, slice(lo, hi)), flush=False)
                 out_rows.append(rows)
@@ -208,7 +216,7 @@ class StepEngine:
                 final.extend(fin)
         return self._result(out_rows, out_steps, final)
 
-    def flush(self) -> dict[str, object]:
+    def flush(self) -> dict[str, Any]:
         """End of input: decide every rank still warming up and finalise every open step."""
         out_rows, out_steps, final = [], [], []
         for r in sorted(self.ranks):
@@ -220,7 +228,7 @@ class StepEngine:
         return self._result(out_rows, out_steps, final)
 
     @staticmethod
-    def _result(rows: list, steps: list, final: list) -> dict[str, object]:
+    def _result(rows: list, steps: list, final: list) -> dict[str, Any]:
         return {
             "rows": np.concatenate(rows) if rows else np.empty(0, np.int64),
             "steps": np.concatenate(steps) if steps else np.empty(0, np.int64),
@@ -260,7 +268,9 @@ class StepEngine:
         final = self._finalise(r, state, flush)
         return ev["row"], step, final
 
-    def _accumulate(self, state: _Rank, ev: dict[str, np.ndarray], step: np.ndarray, starts: np.ndarray, base: int) -> None:
+    def _accumulate(
+        self, state: _Rank, ev: dict[str, np.ndarray], step: np.ndarray, starts: np.ndarray, base: int
+    ) -> None:
         m = len(step)
         if m == 0:
             return
@@ -323,6 +333,7 @@ class StepEngine:
             ranks[str(r)] = {
                 "method": st.method,
                 "anchor": st.anchor,
+                "anchor_prev": st.anchor_prev,
                 "after_end": st.after_end,
                 "step": st.step,
                 "buffer": None
@@ -363,10 +374,15 @@ class StepEngine:
             for key, st in doc["ranks"].items():
                 buf = None
                 if st["buffer"] is not None:
-                    buf = {f: np.frombuffer(base64.b64decode(st["buffer"][f], validate=True), "<i8").astype(np.int64) for f in _FIELDS}
+                    buf = {
+                        f: np.frombuffer(base64.b64decode(st["buffer"][f], validate=True), "<i8").astype(np.int64)
+                        for f in _FIELDS
+                    }
                     if len({len(v) for v in buf.values()}) != 1:
                         raise CheckpointError("checkpoint buffer columns differ in length")
-                    if np.any((buf["sig"] < 0) | (buf["sig"] >= N_SIGNATURES)) or np.any((buf["role"] < 0) | (buf["role"] >= N_ROLES)):
+                    if np.any((buf["sig"] < 0) | (buf["sig"] >= N_SIGNATURES)) or np.any(
+                        (buf["role"] < 0) | (buf["role"] >= N_ROLES)
+                    ):
                         raise CheckpointError("checkpoint buffer holds invalid signatures")
                 open_steps = {}
                 for s, v in st["open_steps"].items():
@@ -376,12 +392,13 @@ class StepEngine:
                 method = st["method"]
                 if method is not None and method not in ("period", "none") and method not in known:
                     raise CheckpointError(f"checkpoint rank uses unknown method {method!r}")
-                anchor = int(st["anchor"])
-                if method == "period" and not 0 <= anchor < N_SIGNATURES:
+                anchor, anchor_prev = int(st["anchor"]), int(st.get("anchor_prev", -1))
+                if method == "period" and not (0 <= anchor < N_SIGNATURES and -1 <= anchor_prev < N_SIGNATURES):
                     raise CheckpointError("checkpoint period anchor is out of range")
                 engine.ranks[int(key)] = _Rank(
                     method=method,
                     anchor=anchor,
+                    anchor_prev=anchor_prev,
                     after_end=bool(st["after_end"]),
                     step=int(st["step"]),
                     buffer=buf,

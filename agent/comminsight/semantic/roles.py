@@ -61,9 +61,9 @@ def infer_roles(table: pa.Table | pl.DataFrame) -> dict[str, str]:
     world = df.get_column("rank").n_unique()
     coords = [c for c in _COORD_ROLE if c in df.columns and df.get_column(c).null_count() < df.height]
     rank_coords = (
-        df.filter(pl.all_horizontal(pl.col(c).is_not_null() for c in coords)).group_by("rank").agg(
-            [pl.col(c).first() for c in coords]
-        )
+        df.filter(pl.all_horizontal(pl.col(c).is_not_null() for c in coords))
+        .group_by("rank")
+        .agg([pl.col(c).first() for c in coords])
         if coords
         else None
     )

@@ -112,11 +112,15 @@ def prepare_events(table: pa.Table | pl.DataFrame, wait_ns: np.ndarray | None = 
     }
 
 
-def run_engine(events: dict[str, np.ndarray], engine: StepEngine, chunk_size: int | None = None) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+def run_engine(
+    events: dict[str, np.ndarray], engine: StepEngine, chunk_size: int | None = None
+) -> tuple[np.ndarray, np.ndarray, list[dict]]:
     """Feed ``events`` in chunks of ``chunk_size`` (all at once when None); return rows, steps, summaries."""
     n = len(events["rank"])
     size = n if not chunk_size else int(chunk_size)
-    rows, steps, final = [], [], []
+    rows: list[np.ndarray] = []
+    steps: list[np.ndarray] = []
+    final: list[dict] = []
     for lo in range(0, max(n, 1), max(size, 1)):
         out = engine.feed({k: v[lo : lo + size] for k, v in events.items()})
         rows.append(out["rows"])
@@ -138,7 +142,12 @@ def agreement_with_labels(labels: np.ndarray, recovered: np.ndarray) -> dict:
     keep = recovered >= 0
     lab, rec = labels[keep], recovered[keep]
     if lab.size == 0:
-        return {"event_agreement": 0.0, "steps_labelled": int(np.unique(labels).size), "steps_recovered": 0, "one_to_one": False}
+        return {
+            "event_agreement": 0.0,
+            "steps_labelled": int(np.unique(labels).size),
+            "steps_recovered": 0,
+            "one_to_one": False,
+        }
     pairs = pl.DataFrame({"rec": rec, "lab": lab}).group_by("rec", "lab").len()
     best = pairs.sort("len", descending=True).unique("rec", keep="first")
     agree = int(best.get_column("len").sum())
@@ -159,10 +168,16 @@ def recover_steps(
     window: int = 2,
     wait_ns: np.ndarray | None = None,
     calibration: StepCalibration | None = None,
+    compute_waits: bool = False,
 ) -> StepReport:
     """Recover steps from the communication in ``table`` (see module doc)."""
     df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
+    if wait_ns is None and compute_waits:
+        from comminsight.analysis.stragglers import match_operations
+
+        matched = match_operations(df.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64)))
+        wait_ns = matched.get_column("wait_ns").to_numpy()
     events = prepare_events(df, wait_ns)
     engine = StepEngine(templates=templates, window=window, use_templates=use_templates)
     rows, steps, final = run_engine(events, engine, chunk_size)
@@ -172,7 +187,9 @@ def recover_steps(
     rank_steps = _rank_frame(final, cal)
     if cal.offset:
         steps = np.where(steps >= 0, steps + cal.offset, steps)
-    report = StepReport(method=method, methods_by_rank=methods, event_rows=rows, event_steps=steps, rank_steps=rank_steps)
+    report = StepReport(
+        method=method, methods_by_rank=methods, event_rows=rows, event_steps=steps, rank_steps=rank_steps
+    )
     report.steps = job_steps(rank_steps)
     if "step" in df.columns and df.get_column("step").null_count() == 0 and rows.size:
         labels = df.get_column("step").to_numpy()[rows]
@@ -183,8 +200,17 @@ def recover_steps(
 def _rank_frame(final: list[dict], cal: StepCalibration) -> pl.DataFrame:
     if not final:
         return pl.DataFrame(
-            schema={"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "last_op_end_ns": pl.Int64,
-                    "n_ops": pl.Int64, "wait_ns": pl.Int64, "comm_ns": pl.Object, "method": pl.String}
+            schema={
+                "rank": pl.Int64,
+                "step": pl.Int64,
+                "start_ns": pl.Int64,
+                "end_ns": pl.Int64,
+                "last_op_end_ns": pl.Int64,
+                "n_ops": pl.Int64,
+                "wait_ns": pl.Int64,
+                "comm_ns": pl.Object,
+                "method": pl.String,
+            }
         )
     frame = pl.DataFrame(
         {
@@ -208,8 +234,8 @@ def job_steps(rank_steps: pl.DataFrame) -> list[dict]:
         return []
     out = []
     for step, group in rank_steps.group_by("step", maintain_order=True):
-        start = int(group.get_column("start_ns").min())
-        end = int(group.get_column("end_ns").max())
+        start = int(group.get_column("start_ns").to_numpy().min())
+        end = int(group.get_column("end_ns").to_numpy().max())
         ranks = {}
         for row in group.iter_rows(named=True):
             ranks[str(row["rank"])] = {
@@ -220,5 +246,7 @@ def job_steps(rank_steps: pl.DataFrame) -> list[dict]:
                 "comm_ms": {k: v / 1e6 for k, v in json.loads(row["comm_ns"]).items()},
                 "exposed_wait_ms": row["wait_ns"] / 1e6,
             }
-        out.append({"step": int(step[0]), "start_ns": start, "end_ns": end, "duration_ms": (end - start) / 1e6, "ranks": ranks})
+        out.append(
+            {"step": int(step[0]), "start_ns": start, "end_ns": end, "duration_ms": (end - start) / 1e6, "ranks": ranks}
+        )
     return sorted(out, key=lambda s: s["step"])

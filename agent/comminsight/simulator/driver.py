@@ -68,10 +68,17 @@ _LARGE_BYTES = 64 * 1024  # above this a collective spreads over two channels
 class OpLike(Protocol):
     """What the driver needs of an operation (``plan.Op`` is one)."""
 
-    func: str
-    count: int
-    dtype: str
-    peer: int
+    @property
+    def func(self) -> str: ...
+
+    @property
+    def count(self) -> int: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def peer(self) -> int: ...
 
     @property
     def is_p2p(self) -> bool: ...
@@ -172,15 +179,15 @@ class ProfilerDriver:
         if handle != self.ffi.NULL:
             self.plugin.table.stopEvent(handle)
 
-    def _record(self, handle: Any, state: int, pTimer: int | None = None, trans_size: int | None = None) -> None:  # noqa: N803
+    def _record(self, handle: Any, state: int, p_timer: int | None = None, trans_size: int | None = None) -> None:
         if handle == self.ffi.NULL:
             return
-        if pTimer is None and trans_size is None:
+        if p_timer is None and trans_size is None:
             self.plugin.table.recordEventState(handle, state, self.ffi.NULL)
             return
         args = self.ffi.new(f"{self.plugin.state_args_type()}*")
-        if pTimer is not None:
-            args.kernelCh.pTimer = pTimer
+        if p_timer is not None:
+            args.kernelCh.pTimer = p_timer
         if trans_size is not None:
             args.proxyStep.transSize = trans_size
         self.plugin.table.recordEventState(handle, state, args)
@@ -372,7 +379,7 @@ class ProfilerDriver:
         last = len(item.kernel_handles) - 1
         for channel, handle in enumerate(item.kernel_handles):
             # Channels finish close together; the last one stops at the operation's end.
-            self._record(handle, self._state_kernel_stop, pTimer=gpu_end_ns - 100 * (last - channel))
+            self._record(handle, self._state_kernel_stop, p_timer=gpu_end_ns - 100 * (last - channel))
             self._stop(handle)
         item.kernel_handles.clear()
         item.proxy_handles.clear()

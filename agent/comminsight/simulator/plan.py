@@ -407,11 +407,13 @@ def _fsdp(config: SimulationConfig, rank: int, b: _RankBuilder) -> tuple[tuple[A
                 gathered.append(b.launch(Op("AllGather", world, shard, "ncclBfloat16", role="fsdp_allgather_fwd")))
             b.compute(0.35 / layers, gathered[layer], "forward")
         # Backward: re-gather (resharded after forward), compute, reduce-scatter the gradient shard.
-        gathered = {layers - 1: b.launch(Op("AllGather", world, shard, "ncclBfloat16", role="fsdp_allgather_bwd"))}
+        regathered = {layers - 1: b.launch(Op("AllGather", world, shard, "ncclBfloat16", role="fsdp_allgather_bwd"))}
         for layer in reversed(range(layers)):
             if layer > 0:
-                gathered[layer - 1] = b.launch(Op("AllGather", world, shard, "ncclBfloat16", role="fsdp_allgather_bwd"))
-            b.compute(0.5 / layers, gathered[layer], "backward")
+                regathered[layer - 1] = b.launch(
+                    Op("AllGather", world, shard, "ncclBfloat16", role="fsdp_allgather_bwd")
+                )
+            b.compute(0.5 / layers, regathered[layer], "backward")
             b.launch(Op("ReduceScatter", world, shard, "ncclFloat32", role="fsdp_reduce_scatter"))
         b.compute(0.15, b.launches, "optimizer")
         done = b.launch(Op("AllReduce", world, 1, "ncclFloat32", role="loss"))
@@ -424,7 +426,7 @@ def _megatron(
     config: SimulationConfig, rank: int, b: _RankBuilder, comms: tuple[Communicator, ...]
 ) -> tuple[tuple[Action, ...], list[tuple[Action, ...]]]:
     tp, pp, dp, micro = config.tp, config.pp, config.data_parallel, config.n_micro_batches
-    t, d, p = rank % tp, (rank // tp) % dp, rank // (tp * dp)
+    p = rank // (tp * dp)  # pipeline stage
 
     def member(kind: str) -> Communicator:
         return next(c for c in comms if c.kind == kind and rank in c.ranks)
@@ -534,7 +536,8 @@ def _assign_rendezvous(
             src, dst = (rank, peer) if op.func == "Send" else (peer, rank)
             counters[(op.comm, op.func, peer)] += 1
             key: tuple = ("p2p", op.comm, src, dst, counters[(op.comm, op.func, peer)])
-            who, slot = (src, dst), 0 if op.func == "Send" else 1
+            who: tuple[int, ...] = (src, dst)
+            slot = 0 if op.func == "Send" else 1
         else:
             counters[(op.comm, "coll")] += 1
             key = ("coll", op.comm, counters[(op.comm, "coll")])
@@ -718,18 +721,43 @@ def config_to_dict(config: SimulationConfig) -> dict:
 
 def config_from_dict(data: dict) -> SimulationConfig:
     """The inverse of ``config_to_dict``; raises ValueError on unknown fields or fault types."""
+    if not isinstance(data, dict):
+        raise ValueError("a simulation configuration must be a JSON object")
     data = dict(data)
     faults = []
-    for fault in data.pop("faults", []):
+    raw_faults = data.pop("faults", [])
+    if not isinstance(raw_faults, list) or not all(isinstance(f, dict) for f in raw_faults):
+        raise ValueError("faults must be a list of objects")
+    for fault in raw_faults:
         fault = dict(fault)
         kind = _FAULT_TYPES.get(fault.get("type", ""))
         if kind is None:
             raise ValueError(f"unknown fault type {fault.get('type')!r}")
+        numbers = [v for k, v in fault.items() if k not in ("type", "ranks")]
         if "ranks" in fault:
+            if not isinstance(fault["ranks"], list) or len(fault["ranks"]) != 2:
+                raise ValueError("a slow link's ranks are a list of two ranks")
+            numbers += fault["ranks"]
             fault["ranks"] = tuple(fault["ranks"])
-        faults.append(kind(**fault))
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in numbers):
+            raise ValueError(f"{kind.type} fault fields must be numbers")
+        integers = [fault.get(f.name, 0) for f in dataclasses.fields(kind) if f.type == "int"]
+        if not all(isinstance(v, int) for v in integers) or not all(isinstance(r, int) for r in fault.get("ranks", ())):
+            raise ValueError(f"{kind.type} fault: ranks, steps and indices must be integers")
+        try:
+            faults.append(kind(**fault))
+        except TypeError as error:
+            raise ValueError(f"bad {kind.type} fault: {error}") from None
+    defaults = SimulationConfig()
     known = {f.name for f in dataclasses.fields(SimulationConfig)}
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"unknown configuration fields: {', '.join(sorted(unknown))}")
+    for name, value in data.items():
+        expected = type(getattr(defaults, name))
+        ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+        if expected is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok:
+            raise ValueError(f"configuration field {name!r} must be {expected.__name__}, got {value!r:.40}")
     return SimulationConfig(**data, faults=tuple(faults))

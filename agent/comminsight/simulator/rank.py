@@ -13,6 +13,7 @@ a crash or SIGKILL leaves every complete line) that the parent turns into the gr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -20,6 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +64,12 @@ class RankSpec:
     def from_json(cls, text: str) -> RankSpec:
         """Parse ``to_json``'s output."""
         data = json.loads(text)
-        return cls(config=config_from_dict(data.pop("config")), **data)
+        if not isinstance(data, dict) or set(data) != {"rank", "plugin", "home", "board", "journal", "config"}:
+            raise ValueError("a rank spec is an object with rank, plugin, home, board, journal and config")
+        spec = cls(config=config_from_dict(data.pop("config")), **data)
+        if not isinstance(spec.rank, int) or not 0 <= spec.rank < spec.config.ranks:
+            raise ValueError(f"rank {spec.rank!r} is not in the job")
+        return spec
 
 
 def rank_environment(config: SimulationConfig, rank: int, home: str) -> dict[str, str]:
@@ -247,7 +254,7 @@ class RankProcess:
                 continue
             first = int(plan.rendezvous_offsets[rv])
             members = board.arrivals[first : first + len(plan.rendezvous_members[rv])]
-            board.wait(lambda members=members: bool((members != 0).all()))
+            board.wait(partial(_all_arrived, members))
             ends.append(int(members.max()) + int(plan.transfer_ns[rv]))
         remaining = max(ends) - time.time_ns()
         if remaining > 0:
@@ -266,6 +273,10 @@ class RankProcess:
         return self.plan.communicators[op.comm].comm_rank(self.rank)
 
 
+def _all_arrived(members: Any) -> bool:
+    return bool((members != 0).all())
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of a rank process: ``python -m comminsight.simulator.rank SPEC.json``.
 
@@ -276,15 +287,17 @@ def main(argv: list[str] | None = None) -> None:
     if len(args) != 1:
         sys.stderr.write("usage: python -m comminsight.simulator.rank SPEC.json\n")
         os._exit(2)
-    spec = RankSpec.from_json(Path(args[0]).read_text())
+    try:
+        spec = RankSpec.from_json(Path(args[0]).read_text())
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        sys.stderr.write(f"invalid rank spec {args[0]}: {error}\n")
+        os._exit(2)
     try:
         code = RankProcess(spec).run()
     except Exception as error:
         sys.stderr.write(f"simulated rank {spec.rank} failed: {error!r}\n")
-        try:
+        with contextlib.suppress(Exception):  # the parent sees the exit code either way
             Board(Path(spec.board), spec.config.ranks, 0).set_status(spec.rank, RankStatus.FAILED)
-        except Exception:  # noqa: S110 - the parent sees the exit code either way
-            pass
         code = EXIT_FAILED
     sys.stdout.flush()
     sys.stderr.flush()

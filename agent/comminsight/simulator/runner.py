@@ -40,6 +40,7 @@ GROUND_TRUTH_SCHEMA = 1
 STARTUP_TIMEOUT_S = 120.0
 ABORT_GRACE_S = 15.0
 DEFAULT_PLUGIN_ENV = {"COMMINSIGHT_AGENT_AUTOSTART": "0"}
+PLUGIN_HANG_ENV = "COMMINSIGHT_HANG_TIMEOUT_S"
 
 
 @dataclass
@@ -85,18 +86,23 @@ def run_simulation(
     *,
     env: Mapping[str, str] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    reuse_home: bool = False,
 ) -> SimulationResult:
     """Simulate ``config`` through ``plugin`` with output home ``home``; blocks until the run ended.
 
     ``env`` adds variables to every rank (plugin settings such as ``COMMINSIGHT_HANG_TIMEOUT_S``);
-    by default agent autostart is switched off. Raises ValueError for a bad configuration and
-    FileNotFoundError for a missing plugin, before anything is started.
+    by default agent autostart is switched off. Raises ValueError for a bad configuration,
+    FileNotFoundError for a missing plugin and FileExistsError when ``home`` already holds raw logs
+    (they would mix with this run's; ``reuse_home=True`` allows it), before anything is started.
     """
     plan = build_plan(config)
     plugin_path = Path(plugin).resolve()
     if not plugin_path.is_file():
         raise FileNotFoundError(f"profiler plugin {plugin_path} does not exist")
     home_path = Path(home).resolve()
+    logs = home_path / "inspector_logs"
+    if not reuse_home and logs.is_dir() and any(logs.iterdir()):
+        raise FileExistsError(f"{logs} already holds raw logs; use an empty home (or reuse it deliberately)")
     home_path.mkdir(parents=True, exist_ok=True)
     workdir = home_path / "simulator"
     if workdir.exists():
@@ -105,6 +111,10 @@ def run_simulation(
     board_path = workdir / "board.bin"
     board = Board(board_path, config.ranks, int(plan.rendezvous_offsets[-1]), create=True)
     rank_env = {**DEFAULT_PLUGIN_ENV, **(env or {})}
+    stall_s = config.effective_hang_timeout_s()
+    if any(isinstance(f, Hang | Crash) for f in config.faults) and stall_s >= 2 and PLUGIN_HANG_ENV not in rank_env:
+        # Let the plugin write its in-flight timeout evidence before the run is ended (it counts whole seconds).
+        rank_env[PLUGIN_HANG_ENV] = str(max(1, int(stall_s // 2)))
     processes = []
     started = time.monotonic()
     started_ns = time.time_ns()
@@ -132,6 +142,7 @@ def run_simulation(
     wall = time.monotonic() - started
     exit_codes = [p.returncode for p in processes]
     truth = ground_truth(plan, home_path, plugin_path, workdir, exit_codes, ended_by, started_ns)
+    truth["rank_env"] = rank_env
     board.close()
     board_path.unlink(missing_ok=True)
     truth_path = home_path / "ground_truth.json"

@@ -1,14 +1,17 @@
-"""API serializers for workloads and shares."""
+"""API serializers for workloads, shares and archives."""
 
 from __future__ import annotations
 
 from rest_framework import serializers
 
-from apps.workloads.models import ShareLevel, Workload, WorkloadShare
+from apps.workloads.models import Archive, ShareLevel, Workload, WorkloadShare
 
 
 class WorkloadSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
+    nodes = serializers.IntegerField(source="node_count", read_only=True, default=None)
+    ranks = serializers.IntegerField(source="rank_count", read_only=True, default=None)
+    archives = serializers.IntegerField(source="archive_count", read_only=True, default=None)
 
     class Meta:
         model = Workload
@@ -22,6 +25,31 @@ class WorkloadSerializer(serializers.ModelSerializer):
             "updated_at",
             "first_seen_at",
             "last_seen_at",
+            "nodes",
+            "ranks",
+            "archives",
+            "live_summary",
+        ]
+        read_only_fields = fields
+
+
+class ArchiveSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Archive
+        fields = [
+            "id",
+            "sha256",
+            "size",
+            "filename",
+            "source",
+            "state",
+            "reason",
+            "node",
+            "record_count",
+            "first_ns",
+            "last_ns",
+            "created_at",
+            "ingested_at",
         ]
         read_only_fields = fields
 

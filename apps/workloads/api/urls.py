@@ -1,8 +1,8 @@
-"""Workloads API routes (under /api/v1/)."""
+"""Workloads API routes (under /api/v1/), including the agents' ingest API (/api/v1/ingest/)."""
 
 from django.urls import path
 
-from . import views
+from . import ingest, views
 
 urlpatterns = [
     path("workloads/", views.WorkloadListView.as_view(), name="api-workloads"),
@@ -13,4 +13,16 @@ urlpatterns = [
         views.WorkloadShareDetailView.as_view(),
         name="api-workload-share-detail",
     ),
+    path(
+        "workloads/<int:workload_id>/archives/", views.WorkloadArchiveListView.as_view(), name="api-workload-archives"
+    ),
+    path("ingest/uploads/", ingest.UploadCreateView.as_view(), name="api-ingest-uploads"),
+    path("ingest/uploads/<uuid:upload_id>/", ingest.UploadDetailView.as_view(), name="api-ingest-upload"),
+    path(
+        "ingest/uploads/<uuid:upload_id>/finalize/",
+        ingest.UploadFinalizeView.as_view(),
+        name="api-ingest-upload-finalize",
+    ),
+    path("ingest/archives/", ingest.OneShotUploadView.as_view(), name="api-ingest-archives"),
+    path("ingest/live/", ingest.LiveView.as_view(), name="api-ingest-live"),
 ]

@@ -13,9 +13,9 @@ from rest_framework.views import APIView
 from apps.accounts.models import User
 from apps.workloads import services
 from apps.workloads.models import Workload
-from apps.workloads.selectors import workload_can_manage, workloads_visible_to
+from apps.workloads.selectors import workload_can_manage, workloads_visible_to, workloads_with_counts
 
-from .serializers import ShareRequestSerializer, ShareSerializer, WorkloadSerializer
+from .serializers import ArchiveSerializer, ShareRequestSerializer, ShareSerializer, WorkloadSerializer
 
 
 def _visible_workload(request: Request, workload_id: int) -> Workload:
@@ -25,7 +25,7 @@ def _visible_workload(request: Request, workload_id: int) -> Workload:
 class WorkloadListView(APIView):
     @extend_schema(responses=WorkloadSerializer(many=True), summary="Workloads you may see")
     def get(self, request: Request) -> Response:
-        return Response(WorkloadSerializer(workloads_visible_to(request.user), many=True).data)
+        return Response(WorkloadSerializer(workloads_with_counts(workloads_visible_to(request.user)), many=True).data)
 
 
 class WorkloadDetailView(APIView):
@@ -83,3 +83,10 @@ class WorkloadShareDetailView(APIView):
         if not removed:
             return Response({"detail": "That user had no share."}, status=status.HTTP_404_NOT_FOUND)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class WorkloadArchiveListView(APIView):
+    @extend_schema(responses=ArchiveSerializer(many=True), summary="Archives of a workload, with state and reason")
+    def get(self, request: Request, workload_id: int) -> Response:
+        workload = _visible_workload(request, workload_id)
+        return Response(ArchiveSerializer(workload.archives.order_by("-created_at"), many=True).data)

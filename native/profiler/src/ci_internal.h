@@ -32,8 +32,15 @@
 
 /* ---- clock: cheap ticks on the hot path, converted to CLOCK_REALTIME ns by the writer ---- */
 
-/* Returns a monotonic tick count (TSC / virtual counter / CLOCK_MONOTONIC ns). Never a syscall on x86-64/aarch64. */
-static inline uint64_t ci_ticks(void) {
+/*
+ * Tick source, chosen once per runtime start (config key `clock`): 0 = the CPU's
+ * counter (rdtsc / cntvct_el0), 1 = clock_gettime(CLOCK_MONOTONIC) through the
+ * vDSO, 2 = CLOCK_MONOTONIC_COARSE (cheapest, ~1-4 ms resolution). `auto` times
+ * 0 and 1 and keeps the cheaper: some hypervisors make the counter read slow.
+ */
+extern int ci_tick_source;
+
+static inline uint64_t ci_hw_ticks(void) {
 #if defined(__x86_64__) || defined(__i386__)
     return __rdtsc();
 #elif defined(__aarch64__)
@@ -46,6 +53,17 @@ static inline uint64_t ci_ticks(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 #endif
 }
+
+/* Returns a monotonic tick count; never a syscall where the vDSO serves clock_gettime. */
+static inline uint64_t ci_ticks(void) {
+    if (__builtin_expect(ci_tick_source == 0, 1)) return ci_hw_ticks();
+    struct timespec ts;
+    clock_gettime(ci_tick_source == 1 ? CLOCK_MONOTONIC : CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Picks ci_tick_source for `mode` ("auto", "tsc", "monotonic", "coarse"); returns the source chosen. */
+int ci_clock_select(const char* mode);
 
 uint64_t ci_realtime_ns(void);
 uint64_t ci_monotonic_ns(void);
@@ -82,6 +100,7 @@ typedef struct ci_config {
     int ring_enable;
     int log_enable;
     char workload_id[64];
+    char clock[16];              /* auto | tsc | monotonic | coarse */
 } ci_config;
 /* Fills *cfg from env > <home>/etc/comminsight.conf > defaults; warns once per bad value. Returns 0. */
 int ci_config_load(ci_config* cfg);

@@ -17,7 +17,9 @@
 
 #define CONF_MAX_BYTES (64 * 1024)
 
-typedef enum { K_U32POW2, K_U32, K_U64, K_BOOL, K_STR } key_kind;
+typedef enum { K_U32POW2, K_U32, K_U64, K_BOOL, K_STR, K_CHOICE } key_kind;
+
+static const char* CLOCK_CHOICES[] = {"auto", "tsc", "monotonic", "coarse"};
 
 typedef struct key_spec {
     const char* name;
@@ -38,6 +40,7 @@ static const key_spec KEYS[] = {
     {"ring_enable", K_BOOL, 0, 1, 1, OFF(ring_enable)},
     {"log_enable", K_BOOL, 0, 1, 1, OFF(log_enable)},
     {"workload_id", K_STR, 0, 0, 0, OFF(workload_id)},
+    {"clock", K_CHOICE, 0, 0, 0, OFF(clock)},
 };
 #define NKEYS (sizeof(KEYS) / sizeof(KEYS[0]))
 
@@ -67,6 +70,11 @@ static int parse_value(const key_spec* k, const char* text, uint64_t* out) {
         }
         return -1;
     }
+    if (k->kind == K_CHOICE) {
+        for (uint64_t i = 0; i < sizeof(CLOCK_CHOICES) / sizeof(CLOCK_CHOICES[0]); i++)
+            if (strcmp(text, CLOCK_CHOICES[i]) == 0) return *out = i, 0;
+        return -1;
+    }
     if (*text == '\0' || !isdigit((unsigned char)*text)) return -1;
     errno = 0;
     char* end = NULL;
@@ -85,6 +93,7 @@ static void set_field(ci_config* cfg, const key_spec* k, uint64_t v) {
     case K_U64: *(uint64_t*)base = v; break;
     case K_BOOL: *(int*)base = (int)v; break;
     case K_STR: break;
+    case K_CHOICE: ci_copy_str(base, 16, CLOCK_CHOICES[v]); break;
     }
 }
 
@@ -102,8 +111,10 @@ static void apply(ci_config* cfg, const key_spec* k, const char* value, const ch
     if (parse_value(k, value, &v) != 0) {
         char shown[48];
         ci_copy_str(shown, sizeof(shown), value);
-        ci_warn("%s: bad value '%s' for %s, using the default %llu", source, shown, k->name,
-                (unsigned long long)k->def);
+        if (k->kind == K_CHOICE) ci_warn("%s: bad value '%s' for %s, using the default %s", source, shown, k->name,
+                                         CLOCK_CHOICES[k->def]);
+        else ci_warn("%s: bad value '%s' for %s, using the default %llu", source, shown, k->name,
+                     (unsigned long long)k->def);
         set_field(cfg, k, k->def);
         return;
     }

@@ -42,6 +42,29 @@ uint64_t ci_monotonic_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+int ci_tick_source;
+
+static double cost_ns(int source) {
+    int saved = ci_tick_source;
+    ci_tick_source = source;
+    uint64_t sink = 0;
+    for (int i = 0; i < 200; i++) sink += ci_ticks(); /* warm */
+    uint64_t t0 = ci_monotonic_ns();
+    for (int i = 0; i < 2000; i++) sink += ci_ticks();
+    uint64_t t1 = ci_monotonic_ns();
+    ci_tick_source = saved;
+    __asm__ volatile("" : : "r"(sink));
+    return (double)(t1 - t0) / 2000.0;
+}
+
+int ci_clock_select(const char* mode) {
+    if (strcmp(mode, "tsc") == 0) ci_tick_source = 0;
+    else if (strcmp(mode, "monotonic") == 0) ci_tick_source = 1;
+    else if (strcmp(mode, "coarse") == 0) ci_tick_source = 2;
+    else ci_tick_source = cost_ns(1) < cost_ns(0) ? 1 : 0; /* auto */
+    return ci_tick_source;
+}
+
 /* A first slope from a 2 ms sample; the writer refines it over an ever longer baseline. */
 void ci_clock_calibrate(ci_clock* c) {
     uint64_t t0 = ci_ticks(), r0 = ci_realtime_ns(), m0 = ci_monotonic_ns();

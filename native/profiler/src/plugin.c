@@ -228,6 +228,7 @@ static int runtime_start(void) {
     if (gethostname(rt->host, sizeof(rt->host) - 1) != 0) ci_copy_str(rt->host, sizeof(rt->host), "unknown");
     rt->start_ns = ci_realtime_ns();
     pthread_mutex_init(&rt->out_lock, NULL);
+    ci_clock_select(rt->cfg.clock);
     ci_clock_calibrate(&rt->clock);
 
     char dir[CI_PATH_MAX + 32];

@@ -51,7 +51,10 @@ static void fill_record(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op_re
     r->rank = c->rank;
     r->nranks = c->nranks;
     r->nnodes = c->nnodes;
-    r->peer = op->peer;
+    /* NCCL passes root 0 to unrooted collectives: only Broadcast/Reduce keep it */
+    r->peer = (op->kind == CI_KIND_COLL && strcmp(op->func, "Broadcast") != 0 && strcmp(op->func, "Reduce") != 0)
+                  ? -1
+                  : op->peer;
     r->pid = rt->pid;
     r->tid = op->tid;
     r->cuda_device = rt->cuda_device;

@@ -5,7 +5,11 @@ on ``COMMINSIGHT_SERVER_LISTEN`` (and ``COMMINSIGHT_SERVER_AGENT_LISTEN`` when s
 
 from __future__ import annotations
 
+import logging
+import threading
+
 from django.conf import settings
+from django.db import close_old_connections
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -19,6 +23,23 @@ def daphne_endpoint(listen: str) -> str:
         raise CommandError(f"listen address must look like HOST:PORT, not {listen!r}")
     host = host.strip("[]").replace(":", r"\:")
     return f"tcp:port={port}:interface={host}"
+
+
+logger = logging.getLogger(__name__)
+
+
+def embedded_periodic_tasks(stop: threading.Event) -> None:
+    """Without Redis there is no celery beat: run discovery and the lost-workload check in a thread."""
+    from apps.workloads import discovery, live
+
+    while not stop.wait(settings.DISCOVERY_INTERVAL_S):
+        try:
+            discovery.discover_archives()
+            live.mark_lost_workloads()
+        except Exception:  # one bad scan must not end the loop
+            logger.exception("periodic discovery failed")
+        finally:
+            close_old_connections()
 
 
 class Command(BaseCommand):
@@ -50,6 +71,11 @@ class Command(BaseCommand):
         if options["prepare_only"]:
             return
         from daphne.cli import CommandLineInterface
+
+        if settings.CELERY_TASK_ALWAYS_EAGER:
+            threading.Thread(
+                target=embedded_periodic_tasks, args=(threading.Event(),), name="comminsight-periodic", daemon=True
+            ).start()
 
         argv = [arg for endpoint in endpoints for arg in ("-e", endpoint)]
         application = settings.ASGI_APPLICATION.rpartition(".")

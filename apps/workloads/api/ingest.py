@@ -1,0 +1,251 @@
+"""The agents' machine API (``/api/v1/ingest/``), protocol v1 in docs/formats/upload.md.
+
+Authenticated by agent tokens only (``Authorization: Bearer ci_…``); sessions are not accepted here.
+Each view parses the request, calls one function in ``uploads`` or ``live``, and renders the answer.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import parsers, serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import ScopedRateThrottle
+from rest_framework.views import APIView
+
+from apps.accounts.authentication import AgentTokenAuthentication, HasIngestToken
+from apps.workloads import live, uploads
+from apps.workloads.models import Archive, Upload
+
+ArchiveDone = inline_serializer(
+    "ArchiveDone",
+    {"status": serializers.CharField(), "sha256": serializers.CharField(), "archive_id": serializers.IntegerField()},
+)
+UploadOpen = inline_serializer(
+    "UploadOpen",
+    {
+        "upload_id": serializers.UUIDField(),
+        "offset": serializers.IntegerField(),
+        "max_chunk": serializers.IntegerField(),
+        "status": serializers.CharField(),
+    },
+)
+Problem = inline_serializer("IngestProblem", {"detail": serializers.CharField()})
+
+
+class UploadCreateSerializer(serializers.Serializer):
+    sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
+    size = serializers.IntegerField(min_value=1)
+    filename = serializers.CharField(max_length=255)
+    workload_id = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    node = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+
+class OneShotSerializer(serializers.Serializer):
+    file = serializers.FileField()
+    sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
+
+
+class CommunicatorLiveSerializer(serializers.Serializer):
+    comm_hash = serializers.CharField(max_length=64)
+    nranks = serializers.IntegerField(min_value=0, required=False, default=0)
+    last_completed_seq = serializers.IntegerField(min_value=-1, required=False, default=-1)
+    lagging_ranks = serializers.ListField(child=serializers.IntegerField(), max_length=1 << 16, required=False)
+    inflight = serializers.IntegerField(min_value=0, required=False, default=0)
+
+
+class HeartbeatSerializer(serializers.Serializer):
+    workload_id = serializers.CharField(max_length=200)
+    node = serializers.CharField(max_length=200)
+    host = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    agent_version = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
+    sent_ns = serializers.IntegerField(min_value=0, required=False)
+    ranks = serializers.ListField(child=serializers.IntegerField(min_value=-1), max_length=1 << 20, required=False)
+    communicators = serializers.ListField(child=CommunicatorLiveSerializer(), max_length=100_000, required=False)
+    hang = serializers.JSONField(required=False, allow_null=True, default=None)
+    finished = serializers.BooleanField(required=False, default=False)
+
+
+def _problem(exc: uploads.UploadError) -> Response:
+    return Response({"detail": exc.detail, **exc.extra}, status=exc.status)
+
+
+def _complete(archive: Archive, created: bool) -> Response:
+    body = {"status": "complete", "sha256": archive.sha256, "archive_id": archive.pk}
+    return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+def _open(upload: Upload, created: bool) -> Response:
+    body = {
+        "upload_id": str(upload.id),
+        "offset": upload.offset,
+        "max_chunk": settings.INGEST_MAX_CHUNK_BYTES,
+        "status": "open",
+    }
+    return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+def _content_length(request: Request) -> int:
+    try:
+        return int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return -1
+
+
+class IngestView(APIView):
+    authentication_classes = [AgentTokenAuthentication]
+    permission_classes = [HasIngestToken]
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "ingest"
+
+
+class UploadCreateView(IngestView):
+    @extend_schema(
+        request=UploadCreateSerializer,
+        responses={
+            201: UploadOpen,
+            200: OpenApiResponse(description="resume (UploadOpen) or already stored (ArchiveDone)"),
+            413: Problem,
+        },
+        summary="Start (or resume) a resumable archive upload",
+    )
+    def post(self, request: Request) -> Response:
+        body = UploadCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            outcome = uploads.upload_create(token=request.auth, **body.validated_data)
+        except uploads.UploadError as exc:
+            return _problem(exc)
+        if outcome.archive is not None:
+            return _complete(outcome.archive, created=False)
+        return _open(outcome.upload, outcome.created)
+
+
+class OctetStreamParser(parsers.BaseParser):
+    """Declares the chunk media type; the view streams the body itself and never calls this parser."""
+
+    media_type = "application/offset+octet-stream"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        return stream
+
+
+class UploadDetailView(IngestView):
+    parser_classes = [OctetStreamParser]
+
+    @extend_schema(
+        responses={200: OpenApiResponse(description="headers Upload-Offset and Upload-Length")},
+        summary="Current offset of an upload (after a disconnect)",
+    )
+    def head(self, request: Request, upload_id: uuid.UUID) -> Response:
+        upload = uploads.upload_get(owner=request.user, upload_id=upload_id)
+        if upload is None:
+            return Response(status=status.HTTP_404_NOT_FOUND)
+        return Response(
+            headers={
+                "Upload-Offset": str(upload.offset),
+                "Upload-Length": str(upload.size),
+                "Cache-Control": "no-store",
+            }
+        )
+
+    @extend_schema(
+        request={"application/offset+octet-stream": OpenApiTypes.BINARY},
+        parameters=[
+            OpenApiParameter("Upload-Offset", int, OpenApiParameter.HEADER, required=True),
+            OpenApiParameter(
+                "Upload-Checksum", str, OpenApiParameter.HEADER, required=True, description="sha256 <hex>"
+            ),
+        ],
+        responses={204: None, 409: Problem, 413: Problem, 422: Problem},
+        summary="Append one chunk at the given offset",
+    )
+    def patch(self, request: Request, upload_id: uuid.UUID) -> Response:
+        try:
+            offset = int(request.headers.get("Upload-Offset", ""))
+        except ValueError:
+            return Response({"detail": "Upload-Offset header must be an integer"}, status=status.HTTP_400_BAD_REQUEST)
+        length = _content_length(request)
+        if length < 0:
+            return Response({"detail": "bad Content-Length"}, status=status.HTTP_400_BAD_REQUEST)
+        try:
+            upload = uploads.upload_append(
+                owner=request.user,
+                upload_id=upload_id,
+                offset=offset,
+                checksum=request.headers.get("Upload-Checksum"),
+                length=length,
+                body=request.stream if length else _Empty(),
+            )
+        except uploads.UploadError as exc:
+            return _problem(exc)
+        return Response(status=status.HTTP_204_NO_CONTENT, headers={"Upload-Offset": str(upload.offset)})
+
+
+class _Empty:
+    def read(self, size: int = -1) -> bytes:
+        return b""
+
+
+class UploadFinalizeView(IngestView):
+    @extend_schema(
+        request=None,
+        responses={201: ArchiveDone, 200: ArchiveDone, 409: Problem, 422: Problem},
+        summary="Verify the whole sha256 and store the archive (ingest is queued)",
+    )
+    def post(self, request: Request, upload_id: uuid.UUID) -> Response:
+        try:
+            archive, created = uploads.upload_finalize(owner=request.user, upload_id=upload_id)
+        except uploads.UploadError as exc:
+            return _problem(exc)
+        return _complete(archive, created)
+
+
+class OneShotUploadView(IngestView):
+    parser_classes = [parsers.MultiPartParser]
+
+    @extend_schema(
+        request={"multipart/form-data": OneShotSerializer},
+        responses={201: ArchiveDone, 200: ArchiveDone, 413: Problem, 422: Problem},
+        summary="Upload a small archive in one multipart request",
+    )
+    def post(self, request: Request) -> Response:
+        # Refuse before the multipart parser touches the body.
+        if _content_length(request) > settings.INGEST_MAX_ONESHOT_BYTES + 64 * 1024:
+            return Response(
+                {"detail": f"one-shot uploads are limited to {settings.INGEST_MAX_ONESHOT_BYTES} bytes"},
+                status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+            )
+        body = OneShotSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        upload = body.validated_data["file"]
+        try:
+            archive, created = uploads.upload_oneshot(
+                token=request.auth,
+                sha256=body.validated_data["sha256"],
+                filename=upload.name,
+                body=upload,
+                length=upload.size,
+            )
+        except uploads.UploadError as exc:
+            return _problem(exc)
+        return _complete(archive, created)
+
+
+class LiveView(IngestView):
+    @extend_schema(
+        request=HeartbeatSerializer,
+        responses={202: inline_serializer("LiveAccepted", {"status": serializers.CharField()}), 413: Problem},
+        summary="Post a heartbeat with live progress",
+    )
+    def post(self, request: Request) -> Response:
+        if _content_length(request) > settings.INGEST_LIVE_MAX_BYTES:
+            return Response({"detail": "heartbeat too large"}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        body = HeartbeatSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        workload = live.live_record_heartbeat(token=request.auth, heartbeat=body.validated_data)
+        return Response({"status": workload.status}, status=status.HTTP_202_ACCEPTED)

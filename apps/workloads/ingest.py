@@ -1,0 +1,342 @@
+"""Archive ingest: verify a stored archive, normalise its segments into the columnar store, update metadata.
+
+``archive_ingest(archive_id)`` is what the Celery task runs. It is idempotent per sha256: an archive
+already ingested or quarantined is left alone, and Parquet files are named by the archive's sha256,
+so a retry after a worker died overwrites its own partial output instead of duplicating it.
+
+Reading uses ``comminsight.formats.archive.read_archive`` (members streamed from the tar+zstd file,
+never extracted; allow-listed names, regular files only, caps on members, bytes and compression
+ratio; each member checked against the manifest's size and sha256). Output is first written under
+``<data dir>/store/.staging/<sha256>/`` and moved into place only after every member verified, so a
+bad archive leaves nothing behind: it is quarantined with the reason, which its owner sees.
+
+Store layout (Parquet, one file per archive and rank)::
+
+    <data dir>/store/workload-<workload pk>/node-<node>/rank-<global rank>/<archive sha256>.parquet
+
+Directory names deliberately avoid ``key=value``: Hive-style names would make pyarrow/polars/DuckDB
+add partition columns that collide with the table's own ``workload``/``node``/``rank`` columns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from comminsight.agent.segments import SegmentError, parse_header, records_from_bytes
+from comminsight.evidence.schema import conform
+from comminsight.formats import header
+from comminsight.formats.archive import ArchiveError, ArchiveLimits, read_archive
+
+from .models import Archive, ArchiveSource, ArchiveState, Communicator, Node, Rank, Workload
+
+logger = logging.getLogger(__name__)
+
+COMM_HASH = re.compile(r"^0x[0-9a-f]{16}$")
+UNSAFE_PATH_PART = re.compile(r"[^A-Za-z0-9._-]+")
+MAX_MANIFEST_RANKS = 1 << 20
+MAX_MANIFEST_COMMUNICATORS = 100_000
+
+
+class IngestError(ValueError):
+    """An archive whose content is unacceptable beyond the container checks (e.g. manifest semantics)."""
+
+
+def store_dir() -> Path:
+    return Path(settings.DATA_DIR) / "store"
+
+
+def quarantine_dir() -> Path:
+    return Path(settings.DATA_DIR) / "quarantine"
+
+
+def path_part(value: str) -> str:
+    """A manifest value made safe as one path component (no separators, never '.' or '..')."""
+    safe = UNSAFE_PATH_PART.sub("_", value)[:100].strip(".") or "_"
+    return safe
+
+
+def archive_limits() -> ArchiveLimits:
+    return ArchiveLimits(
+        max_members=settings.INGEST_ARCHIVE_MAX_MEMBERS,
+        max_member_bytes=settings.INGEST_ARCHIVE_MAX_MEMBER_BYTES,
+        max_total_bytes=settings.INGEST_ARCHIVE_MAX_TOTAL_BYTES,
+        max_ratio=settings.INGEST_ARCHIVE_MAX_RATIO,
+    )
+
+
+def _int(value: Any, what: str, low: int = -1, high: int = 1 << 63) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < high:
+        raise IngestError(f"manifest {what} must be an integer in [{low}, {high})")
+    return value
+
+
+def _text(value: Any, what: str, required: bool = True, limit: int = 200) -> str:
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or (required and not value.strip()) or len(value) > limit:
+        raise IngestError(f"manifest {what} must be a{' non-empty' if required else ''} string of <= {limit} chars")
+    return value.strip()
+
+
+@dataclass
+class ManifestFacts:
+    """What the site keeps from a manifest, after checking every field it uses."""
+
+    workload_id: str
+    node: str
+    host: str
+    node_ip: str
+    first_ns: int | None
+    last_ns: int | None
+    ranks: list[int]
+    communicators: list[dict[str, Any]]
+    record_count: int
+
+
+def manifest_facts(manifest: dict[str, Any]) -> ManifestFacts:
+    ranks = manifest.get("ranks", [])
+    if not isinstance(ranks, list) or len(ranks) > MAX_MANIFEST_RANKS:
+        raise IngestError("manifest ranks must be a list of global ranks")
+    ranks = sorted({_int(r, "rank", 0, 1 << 31) for r in ranks})
+    comms = manifest.get("communicators", [])
+    if not isinstance(comms, list) or len(comms) > MAX_MANIFEST_COMMUNICATORS:
+        raise IngestError("manifest communicators must be a list")
+    communicators = []
+    for comm in comms:
+        if not isinstance(comm, dict):
+            raise IngestError("manifest communicator entries must be objects")
+        comm_hash = comm.get("comm_hash")
+        if not isinstance(comm_hash, str) or not COMM_HASH.match(comm_hash):
+            raise IngestError(f"manifest comm_hash {comm_hash!r} is not 0x followed by 16 hex digits")
+        members = comm.get("ranks", [])
+        if not isinstance(members, list) or len(members) > MAX_MANIFEST_RANKS:
+            raise IngestError("manifest communicator ranks must be a list")
+        communicators.append(
+            {
+                "comm_hash": comm_hash,
+                "comm_name": _text(comm.get("comm_name"), "comm_name", required=False),
+                "nranks": _int(comm.get("nranks", 0), "nranks", 0, 1 << 31),
+                "ranks": sorted({_int(r, "communicator rank", 0, 1 << 31) for r in members}),
+            }
+        )
+    time_range = manifest.get("time_range") or {}
+    if not isinstance(time_range, dict):
+        raise IngestError("manifest time_range must be an object")
+    first = time_range.get("first_ns")
+    last = time_range.get("last_ns")
+    first = None if first is None else _int(first, "time_range.first_ns", 0)
+    last = None if last is None else _int(last, "time_range.last_ns", 0)
+    if first is not None and last is not None and first > last:
+        raise IngestError("manifest time_range.first_ns is after last_ns")
+    return ManifestFacts(
+        workload_id=_text(manifest.get("workload_id"), "workload_id"),
+        node=_text(manifest.get("node"), "node"),
+        host=_text(manifest.get("host"), "host", required=False),
+        node_ip=_text(manifest.get("node_ip"), "node_ip", required=False, limit=64),
+        first_ns=first,
+        last_ns=last,
+        ranks=ranks,
+        communicators=communicators,
+        record_count=_int(manifest.get("record_count", 0), "record_count", 0),
+    )
+
+
+def _segment_converter() -> Any:
+    """The rawlog importer's record -> operations mapping when present, else the archive importer's."""
+    try:
+        from comminsight.importers import rawlog  # type: ignore[attr-defined]
+
+        convert = getattr(rawlog, "records_to_operations", None)
+        if convert is not None:
+            return lambda records, hdr, manifest: convert(records, hdr, source="archive")
+    except ImportError:
+        pass
+    from comminsight.importers.archive import records_to_table
+
+    return records_to_table
+
+
+@dataclass
+class StagedArchive:
+    facts: ManifestFacts
+    staging: Path
+    files: dict[int, Path] = field(default_factory=dict)  # global rank -> staged parquet
+    hang_files: list[Path] = field(default_factory=list)
+    rows: int = 0
+    corrupt_records: int = 0
+
+
+def stage_archive(archive: Archive) -> StagedArchive:
+    """Read and verify the whole archive, writing Parquet into a staging directory. Raises on any problem."""
+    staging = store_dir() / ".staging" / archive.sha256
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    manifest, members = read_archive(archive.path, archive_limits())
+    facts = manifest_facts(manifest)
+    staged = StagedArchive(facts=facts, staging=staging)
+    convert = _segment_converter()
+    header_size = header.constants()["CI_LOG_HEADER_SIZE"]
+    writers: dict[int, pq.ParquetWriter] = {}
+    try:
+        for name, data in members:
+            if name.startswith("hang/"):
+                try:
+                    json.loads(data)
+                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                    raise IngestError(f"{name} is not valid JSON") from exc
+                target = staging / "hang" / name.removeprefix("hang/")
+                target.parent.mkdir(exist_ok=True)
+                target.write_bytes(data)
+                staged.hang_files.append(target)
+                continue
+            if not name.startswith("segments/"):
+                continue
+            try:
+                hdr = parse_header(data, Path(name))
+            except SegmentError as exc:
+                raise IngestError(str(exc)) from exc
+            records, _, corrupt = records_from_bytes(memoryview(data)[header_size:])
+            staged.corrupt_records += corrupt
+            if len(records) == 0:
+                continue
+            table = conform(convert(records, hdr, manifest))
+            rank = hdr.global_rank if hdr.global_rank >= 0 else -1
+            if rank not in writers:
+                staged.files[rank] = staging / f"rank-{rank}.parquet"
+                writers[rank] = pq.ParquetWriter(staged.files[rank], table.schema, compression="zstd")
+            writers[rank].write_table(table)
+            staged.rows += table.num_rows
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return staged
+
+
+def _publish(staged: StagedArchive, workload: Workload, archive: Archive) -> list[Path]:
+    """Move staged files into the store (atomic renames); return their final paths."""
+    node_dir = store_dir() / f"workload-{workload.pk}" / f"node-{path_part(staged.facts.node)}"
+    published = []
+    for rank, source in staged.files.items():
+        target = node_dir / f"rank-{rank}" / f"{archive.sha256}.parquet"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source.replace(target)
+        published.append(target)
+    for source in staged.hang_files:
+        target = node_dir / "hang" / archive.sha256[:16] / source.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source.replace(target)
+        published.append(target)
+    return published
+
+
+def _apply_metadata(staged: StagedArchive, archive: Archive) -> Workload:
+    facts = staged.facts
+    now = timezone.now()
+    workload, _ = Workload.objects.get_or_create(
+        owner=archive.owner, external_id=facts.workload_id, defaults={"name": facts.workload_id, "first_seen_at": now}
+    )
+    node, _ = Node.objects.get_or_create(workload=workload, name=facts.node)
+    node.host = facts.host or node.host
+    node.node_ip = facts.node_ip or node.node_ip
+    node.save()
+    for rank in facts.ranks:
+        Rank.objects.update_or_create(workload=workload, rank=rank, defaults={"node": node})
+    for comm in facts.communicators:
+        existing = Communicator.objects.filter(workload=workload, comm_hash=comm["comm_hash"]).first()
+        if existing is None:
+            Communicator.objects.create(workload=workload, **comm)
+        else:
+            existing.ranks = sorted(set(existing.ranks) | set(comm["ranks"]))
+            existing.nranks = max(existing.nranks, comm["nranks"])
+            existing.comm_name = existing.comm_name or comm["comm_name"]
+            existing.save()
+    if facts.first_ns is not None:
+        workload.first_ns = min(workload.first_ns or facts.first_ns, facts.first_ns)
+    if facts.last_ns is not None:
+        workload.last_ns = max(workload.last_ns or facts.last_ns, facts.last_ns)
+    workload.first_seen_at = workload.first_seen_at or now
+    workload.last_seen_at = max(workload.last_seen_at or now, now)
+    workload.save()
+    archive.workload = workload
+    archive.node = facts.node
+    archive.record_count = staged.rows
+    archive.first_ns = facts.first_ns
+    archive.last_ns = facts.last_ns
+    archive.state = ArchiveState.INGESTED
+    archive.reason = f"{staged.corrupt_records} corrupt records skipped" if staged.corrupt_records else ""
+    archive.ingested_at = now
+    archive.save()
+    return workload
+
+
+def _quarantine(archive: Archive, reason: str) -> None:
+    # Uploaded bytes move aside for inspection; discovered files stay where they are (the path is not ours).
+    if archive.source == ArchiveSource.UPLOAD and Path(archive.path).exists():
+        target = quarantine_dir() / f"{archive.sha256}.tar.zst"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        Path(archive.path).replace(target)
+        archive.path = str(target)
+    archive.state = ArchiveState.QUARANTINED
+    archive.reason = reason[:2000]
+    archive.save()
+    logger.warning("archive %s quarantined: %s", archive.sha256[:12], reason)
+
+
+def archive_ingest(archive_id: int) -> str:
+    """Ingest one stored archive; return its resulting state ('busy' when another worker holds it)."""
+    with transaction.atomic():
+        # skip_locked: a duplicate delivery of the task leaves the archive to the worker that has it; the
+        # row lock dies with a killed worker's connection, so a retry can take over.
+        archive = Archive.objects.select_for_update(skip_locked=True).filter(pk=archive_id).first()
+        if archive is None:
+            return "busy" if Archive.objects.filter(pk=archive_id).exists() else "missing"
+        if archive.state != ArchiveState.STORED:
+            return archive.state
+        Archive.objects.filter(pk=archive.pk).update(attempts=F("attempts") + 1)
+        staged = None
+        try:
+            staged = stage_archive(archive)
+        except (ArchiveError, IngestError) as exc:
+            _quarantine(archive, str(exc))
+            return ArchiveState.QUARANTINED
+        finally:
+            if staged is None:
+                shutil.rmtree(store_dir() / ".staging" / archive.sha256, ignore_errors=True)
+        try:
+            workload = _apply_metadata(staged, archive)
+            _publish(staged, workload, archive)
+        finally:
+            shutil.rmtree(staged.staging, ignore_errors=True)
+    logger.info("archive %s ingested: %d rows for workload %s", archive.sha256[:12], staged.rows, workload.pk)
+    return ArchiveState.INGESTED
+
+
+def workload_parquet_files(workload: Workload) -> list[Path]:
+    """The Parquet files of a workload (for analyses: read them with polars/DuckDB)."""
+    return sorted((store_dir() / f"workload-{workload.pk}").glob("node-*/rank-*/*.parquet"))
+
+
+def workload_store_bytes(workload: Workload) -> int:
+    return sum(p.stat().st_size for p in workload_parquet_files(workload))
+
+
+def read_workload_operations(workload: Workload) -> pa.Table:
+    files = workload_parquet_files(workload)
+    if not files:
+        from comminsight.evidence.schema import empty_table
+
+        return empty_table()
+    return pa.concat_tables(pq.read_table(f) for f in files)

@@ -1,0 +1,105 @@
+"""Live state from agent heartbeats: the latest per node, and the workload's status across nodes.
+
+Status rules (documented in docs/formats/upload.md):
+- ``finished``: every node heard from recently said ``finished``;
+- ``hung``: some node reports hang suspicion; the workload's ``live_summary`` names the lagging ranks
+  across all nodes — per communicator, the ranks reported lagging by the nodes at the lowest
+  ``last_completed_seq`` (those that stopped first);
+- ``running``: otherwise;
+- ``lost``: no heartbeat for ``COMMINSIGHT_WORKLOAD_LOST_AFTER_S`` (set by the periodic task).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from apps.accounts.models import AgentToken
+
+from .models import Node, Workload, WorkloadStatus
+
+
+def live_summary(heartbeats: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Cross-node view of the latest heartbeat per node (``{node name: heartbeat}``)."""
+    per_comm: dict[str, list[tuple[int, list[int], str]]] = {}
+    hung_nodes = []
+    for node, beat in sorted(heartbeats.items()):
+        if beat.get("hang"):
+            hung_nodes.append(node)
+        for comm in beat.get("communicators") or []:
+            per_comm.setdefault(comm["comm_hash"], []).append(
+                (int(comm.get("last_completed_seq", 0)), list(comm.get("lagging_ranks") or []), node)
+            )
+    communicators = []
+    lagging_all: set[int] = set()
+    for comm_hash, reports in sorted(per_comm.items()):
+        low = min(seq for seq, _, _ in reports)
+        high = max(seq for seq, _, _ in reports)
+        lagging = sorted({r for seq, ranks, _ in reports if seq == low for r in ranks})
+        behind_nodes = sorted({node for seq, _, node in reports if seq == low and low < high})
+        communicators.append(
+            {
+                "comm_hash": comm_hash,
+                "min_seq": low,
+                "max_seq": high,
+                "lagging_ranks": lagging,
+                "behind_nodes": behind_nodes,
+            }
+        )
+        lagging_all.update(lagging)
+    return {
+        "nodes": len(heartbeats),
+        "hung_nodes": hung_nodes,
+        "lagging_ranks": sorted(lagging_all),
+        "communicators": communicators,
+    }
+
+
+def _status(heartbeats: dict[str, dict[str, Any]], summary: dict[str, Any]) -> str:
+    if heartbeats and all(beat.get("finished") for beat in heartbeats.values()):
+        return WorkloadStatus.FINISHED
+    if summary["hung_nodes"]:
+        return WorkloadStatus.HUNG
+    return WorkloadStatus.RUNNING
+
+
+def live_record_heartbeat(*, token: AgentToken, heartbeat: dict[str, Any]) -> Workload:
+    """Keep ``heartbeat`` as its node's latest and recompute the workload's status. ``heartbeat`` is validated."""
+    now = timezone.now()
+    fresh_since = now - timedelta(seconds=settings.WORKLOAD_LOST_AFTER_S)
+    with transaction.atomic():
+        workload, _ = Workload.objects.get_or_create(
+            owner=token.owner,
+            external_id=heartbeat["workload_id"],
+            defaults={"name": heartbeat["workload_id"], "first_seen_at": now},
+        )
+        workload = Workload.objects.select_for_update().get(pk=workload.pk)
+        node, _ = Node.objects.get_or_create(workload=workload, name=heartbeat["node"])
+        node.host = heartbeat.get("host") or node.host
+        node.agent_version = heartbeat.get("agent_version") or node.agent_version
+        node.last_heartbeat = heartbeat
+        node.last_heartbeat_at = now
+        node.save()
+        latest = {
+            n.name: n.last_heartbeat
+            for n in workload.nodes.filter(last_heartbeat_at__gte=fresh_since).exclude(last_heartbeat=None)
+        }
+        summary = live_summary(latest)
+        workload.live_summary = summary
+        workload.status = _status(latest, summary)
+        workload.first_seen_at = workload.first_seen_at or now
+        workload.last_seen_at = now
+        workload.save()
+    return workload
+
+
+def mark_lost_workloads() -> int:
+    """Workloads still marked running or hung whose last heartbeat is older than the limit become lost."""
+    cutoff = timezone.now() - timedelta(seconds=settings.WORKLOAD_LOST_AFTER_S)
+    return Workload.objects.filter(
+        status__in=[WorkloadStatus.RUNNING, WorkloadStatus.HUNG], last_seen_at__lt=cutoff
+    ).update(status=WorkloadStatus.LOST)

@@ -1,0 +1,37 @@
+"""Celery tasks of the workloads app. Each carries ids, is safe to run twice, and owns its retry policy."""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django.conf import settings
+from django.db import InterfaceError, OperationalError
+
+from . import discovery, ingest, live
+
+
+@shared_task(
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    soft_time_limit=settings.INGEST_TASK_TIME_LIMIT_S,
+    time_limit=settings.INGEST_TASK_TIME_LIMIT_S + 60,
+    autoretry_for=(OperationalError, InterfaceError, OSError),
+    retry_backoff=True,
+    retry_backoff_max=300,
+    max_retries=5,
+)
+def ingest_archive(self, archive_id: int) -> str:
+    """Verify and normalise one stored archive (idempotent per sha256: a finished archive is left alone)."""
+    return ingest.archive_ingest(archive_id)
+
+
+@shared_task(acks_late=True, soft_time_limit=600, time_limit=660)
+def discover_archives() -> int:
+    """Scan ``<archive path>/comminsight/02_archives`` for new archives; return how many were registered."""
+    return discovery.discover_archives()
+
+
+@shared_task(soft_time_limit=60, time_limit=90)
+def mark_lost_workloads() -> int:
+    """Mark running/hung workloads whose agents went silent as lost."""
+    return live.mark_lost_workloads()

@@ -1,0 +1,347 @@
+"""State changes of the upload protocol (docs/formats/upload.md): create, append a chunk, finalize, one-shot.
+
+Bytes are streamed to ``<data dir>/uploads/<upload id>.part`` in 1 MiB blocks, never held whole in
+memory. A chunk is written at the upload's offset while its sha256 is computed; if anything is wrong
+(checksum, size, a short body) the file is truncated back to the old offset, so nothing is appended.
+The upload row is locked (``select_for_update``) while a chunk is written, so two clients appending to
+one upload take turns. Archives are identified by sha256: ``archive_register`` stores each once (a
+unique constraint settles races) and queues ingest after the transaction commits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Sum
+
+from apps.accounts.models import AgentToken, User
+
+from .models import Archive, ArchiveSource, Upload, UploadState
+
+logger = logging.getLogger(__name__)
+
+BLOCK = 1 << 20
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+SAFE_FILENAME = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
+
+
+class UploadError(Exception):
+    """A refused upload request. ``status`` is the HTTP status the protocol gives it."""
+
+    status = 400
+
+    def __init__(self, detail: str, **extra: object) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class UploadNotFound(UploadError):
+    status = 404
+
+
+class UploadConflict(UploadError):
+    status = 409
+
+
+class UploadTooLarge(UploadError):
+    status = 413
+
+
+class UploadChecksumMismatch(UploadError):
+    status = 422
+
+
+def uploads_dir() -> Path:
+    path = Path(settings.DATA_DIR) / "uploads"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def archives_dir() -> Path:
+    path = Path(settings.DATA_DIR) / "archives"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def part_path(upload: Upload) -> Path:
+    return uploads_dir() / f"{upload.id}.part"
+
+
+def stored_archive_path(sha256: str) -> Path:
+    return archives_dir() / sha256[:2] / f"{sha256}.tar.zst"
+
+
+@dataclass(frozen=True)
+class UploadOutcome:
+    """Either an open upload to continue, or the archive that is already stored (nothing left to send)."""
+
+    upload: Upload | None = None
+    archive: Archive | None = None
+    created: bool = False
+
+
+def _check_sha256(value: object) -> str:
+    if not isinstance(value, str) or not SHA256_HEX.match(value):
+        raise UploadError("sha256 must be 64 lowercase hex digits")
+    return value
+
+
+def _check_filename(value: object) -> str:
+    name = os.path.basename(str(value or ""))
+    if not SAFE_FILENAME.match(name):
+        raise UploadError("filename must be 1-255 characters of A-Z a-z 0-9 . _ -")
+    return name
+
+
+def owner_bytes_in_use(owner: User, exclude_upload: Upload | None = None) -> int:
+    """Stored archives plus the declared size of open uploads: what the owner's quota counts."""
+    stored = Archive.objects.filter(owner=owner).aggregate(total=Sum("size"))["total"] or 0
+    pending = Upload.objects.filter(owner=owner, state=UploadState.OPEN)
+    if exclude_upload is not None:
+        pending = pending.exclude(pk=exclude_upload.pk)
+    return stored + (pending.aggregate(total=Sum("size"))["total"] or 0)
+
+
+def _check_caps(token: AgentToken, size: int) -> None:
+    if size > settings.INGEST_MAX_ARCHIVE_BYTES:
+        raise UploadTooLarge(f"archive of {size} bytes is over the {settings.INGEST_MAX_ARCHIVE_BYTES}-byte limit")
+    if token.uploaded_bytes + size > settings.INGEST_TOKEN_MAX_BYTES:
+        raise UploadTooLarge("this agent token has reached its upload cap; create another token or raise the cap")
+    if owner_bytes_in_use(token.owner) + size > settings.INGEST_OWNER_QUOTA_BYTES:
+        raise UploadTooLarge(f"{token.owner.username}'s storage quota would be exceeded; delete old workloads")
+
+
+def upload_create(
+    *, token: AgentToken, sha256: str, size: int, filename: str, workload_id: str = "", node: str = ""
+) -> UploadOutcome:
+    """Start (or resume) an upload; answer with the stored archive if that sha256 is already known."""
+    sha256 = _check_sha256(sha256)
+    filename = _check_filename(filename)
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise UploadError("size must be a positive integer")
+    existing = Archive.objects.filter(sha256=sha256).first()
+    if existing is not None:
+        return UploadOutcome(archive=existing)
+    resumable = Upload.objects.filter(token=token, sha256=sha256, state=UploadState.OPEN).first()
+    if resumable is not None:
+        return UploadOutcome(upload=resumable)
+    _check_caps(token, size)
+    upload = Upload(
+        id=uuid.uuid4(),
+        token=token,
+        owner=token.owner,
+        sha256=sha256,
+        size=size,
+        filename=filename,
+        workload_external_id=str(workload_id)[:200],
+        node=str(node)[:200],
+    )
+    try:
+        with transaction.atomic():
+            upload.save(force_insert=True)
+    except IntegrityError:
+        # The same agent raced itself: continue the upload that won.
+        return UploadOutcome(upload=Upload.objects.get(token=token, sha256=sha256, state=UploadState.OPEN))
+    part_path(upload).touch()
+    return UploadOutcome(upload=upload, created=True)
+
+
+def _parse_checksum(header: str | None) -> str:
+    algorithm, _, value = (header or "").strip().partition(" ")
+    if algorithm.lower() != "sha256" or not SHA256_HEX.match(value.strip().lower()):
+        raise UploadError("Upload-Checksum must be 'sha256 <64 hex digits of this chunk>'")
+    return value.strip().lower()
+
+
+def upload_append(
+    *, owner: User, upload_id: uuid.UUID, offset: int, checksum: str | None, length: int, body: IO[bytes]
+) -> Upload:
+    """Append one chunk of ``length`` bytes read from ``body`` at ``offset``. All or nothing."""
+    expected = _parse_checksum(checksum)
+    with transaction.atomic():
+        upload = Upload.objects.select_for_update().filter(pk=upload_id, owner=owner).first()
+        if upload is None:
+            raise UploadNotFound("no such upload")
+        if upload.state != UploadState.OPEN:
+            raise UploadConflict("upload is already complete", offset=upload.offset)
+        if offset != upload.offset:
+            raise UploadConflict(f"offset {offset} does not match the server's {upload.offset}", offset=upload.offset)
+        if length <= 0:
+            raise UploadError("an empty chunk appends nothing; send Content-Length > 0")
+        if length > settings.INGEST_MAX_CHUNK_BYTES:
+            raise UploadTooLarge(f"chunk of {length} bytes is over the {settings.INGEST_MAX_CHUNK_BYTES}-byte limit")
+        if offset + length > upload.size:
+            raise UploadTooLarge(f"chunk ends at {offset + length}, past the declared size {upload.size}")
+        digest = hashlib.sha256()
+        written = 0
+        with open(part_path(upload), "r+b") as part:
+            part.truncate(offset)  # a crashed earlier attempt may have left bytes past the offset
+            part.seek(offset)
+            try:
+                while written < length:
+                    block = body.read(min(BLOCK, length - written))
+                    if not block:
+                        break
+                    digest.update(block)
+                    part.write(block)
+                    written += len(block)
+                if written != length:
+                    raise UploadError(f"body ended after {written} of {length} bytes; nothing was appended")
+                if digest.hexdigest() != expected:
+                    raise UploadChecksumMismatch("chunk checksum mismatch")
+                part.flush()
+                os.fsync(part.fileno())
+            except BaseException:
+                part.truncate(offset)
+                raise
+        upload.offset = offset + written
+        upload.save(update_fields=["offset", "updated_at"])
+    return upload
+
+
+def upload_get(*, owner: User, upload_id: uuid.UUID) -> Upload | None:
+    return Upload.objects.filter(pk=upload_id, owner=owner).first()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(BLOCK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def upload_finalize(*, owner: User, upload_id: uuid.UUID) -> tuple[Archive, bool]:
+    """Verify the whole file's sha256 and register the archive; (archive, newly stored)."""
+    with transaction.atomic():
+        upload = Upload.objects.select_for_update().filter(pk=upload_id, owner=owner).first()
+        if upload is None:
+            raise UploadNotFound("no such upload")
+        if upload.state == UploadState.COMPLETE:
+            archive = Archive.objects.filter(sha256=upload.sha256).first()
+            if archive is not None:
+                return archive, False
+        if upload.offset != upload.size:
+            raise UploadConflict(f"upload has {upload.offset} of {upload.size} bytes", offset=upload.offset)
+        path = part_path(upload)
+        mismatch = file_sha256(path) != upload.sha256
+        if mismatch:
+            # The bytes are not what was announced: discard (committed below), the client starts over.
+            path.unlink(missing_ok=True)
+            upload.delete()
+    if mismatch:
+        raise UploadChecksumMismatch("sha256 mismatch")
+    with transaction.atomic():
+        upload = Upload.objects.select_for_update().get(pk=upload_id)
+        if upload.state == UploadState.COMPLETE:  # a concurrent finalize of this upload got here first
+            return Archive.objects.get(sha256=upload.sha256), False
+        archive, created = archive_register(
+            source_path=path,
+            sha256=upload.sha256,
+            size=upload.size,
+            owner=upload.owner,
+            filename=upload.filename,
+            source=ArchiveSource.UPLOAD,
+        )
+        upload.state = UploadState.COMPLETE
+        upload.save(update_fields=["state", "updated_at"])
+        if created:
+            AgentToken.objects.filter(pk=upload.token_id).update(uploaded_bytes=F("uploaded_bytes") + upload.size)
+    return archive, created
+
+
+def upload_oneshot(
+    *, token: AgentToken, sha256: str, filename: str, body: IO[bytes], length: int
+) -> tuple[Archive, bool]:
+    """Store a small archive sent in one request (multipart ``file``), verifying its sha256."""
+    sha256 = _check_sha256(sha256)
+    filename = _check_filename(filename)
+    if length > settings.INGEST_MAX_ONESHOT_BYTES:
+        raise UploadTooLarge(
+            f"one-shot uploads are limited to {settings.INGEST_MAX_ONESHOT_BYTES} bytes; use the resumable protocol"
+        )
+    existing = Archive.objects.filter(sha256=sha256).first()
+    if existing is not None:
+        return existing, False
+    _check_caps(token, length)
+    tmp = uploads_dir() / f"oneshot-{uuid.uuid4()}.part"
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with open(tmp, "wb") as out:
+            for block in iter(lambda: body.read(BLOCK), b""):
+                size += len(block)
+                if size > settings.INGEST_MAX_ONESHOT_BYTES:
+                    raise UploadTooLarge("file is larger than the one-shot limit")
+                digest.update(block)
+                out.write(block)
+        if digest.hexdigest() != sha256:
+            raise UploadChecksumMismatch("sha256 mismatch")
+        with transaction.atomic():
+            archive, created = archive_register(
+                source_path=tmp, sha256=sha256, size=size, owner=token.owner, filename=filename
+            )
+            if created:
+                AgentToken.objects.filter(pk=token.pk).update(uploaded_bytes=F("uploaded_bytes") + size)
+        return archive, created
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def archive_register(
+    *,
+    source_path: Path,
+    sha256: str,
+    size: int,
+    owner: User,
+    filename: str,
+    source: str = ArchiveSource.UPLOAD,
+    keep_in_place: bool = False,
+    file_mtime: object = None,
+) -> tuple[Archive, bool]:
+    """Record an archive once per sha256 and queue its ingest; (archive, newly stored).
+
+    Uploaded bytes move into ``<data dir>/archives/``; discovered archives stay where they were found
+    (``keep_in_place``). A concurrent registration of the same bytes loses on the unique constraint and
+    answers with the winner — both clients get success, one copy is kept.
+    """
+    existing = Archive.objects.filter(sha256=sha256).first()
+    if existing is not None:
+        if not keep_in_place:
+            Path(source_path).unlink(missing_ok=True)
+        return existing, False
+    if keep_in_place:
+        path = Path(source_path)
+    else:
+        path = stored_archive_path(sha256)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Identical bytes under an identical name: a racing registration may have moved them already.
+        os.replace(source_path, path)
+    try:
+        with transaction.atomic():
+            archive = Archive.objects.create(
+                sha256=sha256,
+                size=size,
+                filename=filename,
+                owner=owner,
+                source=source,
+                path=str(path),
+                file_mtime=file_mtime,
+            )
+    except IntegrityError:
+        return Archive.objects.get(sha256=sha256), False
+    from .tasks import ingest_archive
+
+    transaction.on_commit(lambda: ingest_archive.delay(archive.pk))
+    logger.info("archive %s (%d bytes, %s) stored for %s", sha256[:12], size, source, owner.username)
+    return archive, True

@@ -1,0 +1,457 @@
+/*
+ * test_plugin.c - C-level tests of the profiler, built with the plugin's
+ * sources under AddressSanitizer + UndefinedBehaviorSanitizer (make check).
+ * Drives the exported tables exactly as NCCL does and reads the raw logs
+ * and ring back from a temporary home. Each test prints one line.
+ */
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "comminsight_ring.h"
+#include "nccl_profiler_abi.h"
+
+extern ncclProfiler_v5_t ncclProfiler_v5;
+extern ncclProfiler_v4_t ncclProfiler_v4;
+
+static int failures;
+#define CHECK(cond, ...)                                                   \
+    do {                                                                   \
+        if (!(cond)) {                                                     \
+            failures++;                                                    \
+            fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                  \
+            fprintf(stderr, "\n");                                         \
+        }                                                                  \
+    } while (0)
+
+static char g_home[128];
+
+static void fresh_home(const char* name) {
+    snprintf(g_home, sizeof(g_home), "/tmp/ci-check-%d-%s", (int)getpid(), name);
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s && mkdir -p %s", g_home, g_home);
+    if (system(cmd) != 0) abort();
+    setenv("COMMINSIGHT_HOME", g_home, 1);
+    setenv("COMMINSIGHT_AGENT_AUTOSTART", "0", 1);
+    unsetenv("COMMINSIGHT_POOL_SIZE");
+    unsetenv("COMMINSIGHT_RING_CAPACITY");
+    unsetenv("COMMINSIGHT_HANG_TIMEOUT_S");
+}
+
+static uint32_t fnv(const ci_op_record* r) {
+    uint32_t w[64];
+    memcpy(w, r, sizeof(w));
+    w[1] = 0;
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < 64; i++) h = (h ^ w[i]) * 16777619u;
+    return h;
+}
+
+typedef struct tally {
+    long valid, invalid, by_state[5], segments, bad_headers;
+    long null_names, p2p, coll, gpu_times;
+    uint64_t max_seq;
+} tally;
+
+/* Reads every segment of <home>/inspector_logs; returns the tally. */
+static tally read_logs(void) {
+    tally t;
+    memset(&t, 0, sizeof(t));
+    char dir[320];
+    snprintf(dir, sizeof(dir), "%s/inspector_logs", g_home);
+    DIR* d = opendir(dir);
+    if (d == NULL) return t;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        if (strstr(e->d_name, ".cilog") == NULL) continue;
+        char path[640];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        FILE* f = fopen(path, "rb");
+        if (f == NULL) continue;
+        ci_log_header h;
+        t.segments++;
+        if (fread(&h, sizeof(h), 1, f) != 1 || h.magic != CI_LOG_MAGIC || h.version != CI_FORMAT_VERSION) {
+            t.bad_headers++;
+            fclose(f);
+            continue;
+        }
+        ci_op_record r;
+        while (fread(&r, sizeof(r), 1, f) == 1) {
+            if (r.magic != CI_RECORD_MAGIC || r.checksum != fnv(&r)) {
+                t.invalid++;
+                continue;
+            }
+            t.valid++;
+            if (r.state < 5) t.by_state[r.state]++;
+            if (r.comm_name[0] == '\0') t.null_names++;
+            if (r.kind == CI_KIND_P2P) t.p2p++;
+            if (r.kind == CI_KIND_COLL) t.coll++;
+            if (r.flags & CI_FLAG_GPU_TIMES) t.gpu_times++;
+            if (r.seq > t.max_seq) t.max_seq = r.seq;
+        }
+        fclose(f);
+    }
+    closedir(d);
+    return t;
+}
+
+static int count_files(const char* sub, const char* needle) {
+    char dir[320];
+    snprintf(dir, sizeof(dir), "%s/%s", g_home, sub);
+    DIR* d = opendir(dir);
+    if (d == NULL) return 0;
+    int n = 0;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL)
+        if (strstr(e->d_name, needle) != NULL) n++;
+    closedir(d);
+    return n;
+}
+
+/* One collective the way NCCL reports it: Coll start/stop, n KernelCh children with pTimer. */
+static void* coll_op(void* ctx, uint64_t seq, int nch, int complete) {
+    ncclProfilerEventDescr_v5_t d;
+    memset(&d, 0, sizeof(d));
+    d.type = ncclProfileColl;
+    d.coll.seqNumber = seq;
+    d.coll.func = "AllReduce";
+    d.coll.datatype = "ncclFloat32";
+    d.coll.count = 256;
+    d.coll.root = 0;
+    d.coll.nChannels = (uint8_t)nch;
+    d.coll.algo = "Ring";
+    d.coll.proto = "Simple";
+    void* h = NULL;
+    ncclProfiler_v5.startEvent(ctx, &h, &d);
+    ncclProfiler_v5.stopEvent(h);
+    if (!complete || h == NULL) return h;
+    for (int c = 0; c < nch; c++) {
+        ncclProfilerEventDescr_v5_t k;
+        memset(&k, 0, sizeof(k));
+        k.type = ncclProfileKernelCh;
+        k.parentObj = h;
+        k.kernelCh.channelId = (uint8_t)c;
+        k.kernelCh.pTimer = 1000 + seq;
+        void* kh = NULL;
+        ncclProfiler_v5.startEvent(ctx, &kh, &k);
+        ncclProfilerEventStateArgs_v5_t a = {.kernelCh = {2000 + seq}};
+        ncclProfiler_v5.recordEventState(kh, ncclProfilerKernelChStop, &a);
+        ncclProfiler_v5.stopEvent(kh);
+    }
+    return h;
+}
+
+static void* init5(const char* name, int nranks, int rank) {
+    void* ctx = NULL;
+    int mask = 0;
+    ncclProfiler_v5.init(&ctx, 0xC0FFEEull, &mask, name, 1, nranks, rank, NULL);
+    CHECK(ctx != NULL, "init gave no context");
+    CHECK((mask & (ncclProfileColl | ncclProfileP2p | ncclProfileKernelCh)) ==
+              (ncclProfileColl | ncclProfileP2p | ncclProfileKernelCh),
+          "mask %d", mask);
+    return ctx;
+}
+
+static void test_every_v5_event_type(void) {
+    fresh_home("v5types");
+    void* ctx = init5("types", 4, 1);
+    static const uint64_t types[] = {ncclProfileGroup,  ncclProfileColl,      ncclProfileP2p,       ncclProfileProxyOp,
+                                     ncclProfileProxyStep, ncclProfileProxyCtrl, ncclProfileKernelCh, ncclProfileNetPlugin,
+                                     ncclProfileGroupApi, ncclProfileCollApi,  ncclProfileP2pApi,    ncclProfileKernelLaunch};
+    void* handles[12] = {0};
+    void* op = NULL;
+    void* api = NULL;
+    for (int i = 0; i < 12; i++) {
+        ncclProfilerEventDescr_v5_t d;
+        memset(&d, 0, sizeof(d));
+        d.type = types[i];
+        if (types[i] == ncclProfileColl) {
+            d.parentObj = api;
+            d.coll.func = "Broadcast";
+            d.coll.datatype = "Unknown";
+            d.coll.count = 100;
+            d.coll.root = 2;
+            d.coll.nChannels = 1;
+        } else if (types[i] == ncclProfileP2p) {
+            d.p2p.func = "Send";
+            d.p2p.datatype = "ncclInt32";
+            d.p2p.count = 10;
+            d.p2p.peer = 3;
+            d.p2p.nChannels = 1;
+        } else if (types[i] == ncclProfileKernelCh || types[i] == ncclProfileProxyOp ||
+                   types[i] == ncclProfileProxyStep) {
+            d.parentObj = op;
+            d.kernelCh.pTimer = 5;
+        } else if (types[i] == ncclProfileCollApi) {
+            d.collApi.stream = (void*)0x1234560;
+        }
+        ncclProfiler_v5.startEvent(ctx, &handles[i], &d);
+        if (types[i] == ncclProfileColl) op = handles[i];
+        if (types[i] == ncclProfileGroupApi) {
+            /* API handle for the next Coll: start it now so the Coll sees it as parent */
+            ncclProfilerEventDescr_v5_t a;
+            memset(&a, 0, sizeof(a));
+            a.type = ncclProfileCollApi;
+            a.collApi.stream = (void*)0xabc0;
+            ncclProfiler_v5.startEvent(ctx, &api, &a);
+        }
+    }
+    CHECK(handles[0] == NULL && handles[4] == NULL && handles[5] == NULL && handles[7] == NULL && handles[8] == NULL &&
+              handles[11] == NULL,
+          "unneeded types must get NULL handles");
+    CHECK(handles[1] != NULL && handles[2] != NULL && handles[3] != NULL && handles[6] != NULL && handles[9] != NULL &&
+              handles[10] != NULL,
+          "Coll/P2p/ProxyOp/KernelCh/API need handles");
+    ncclProfilerEventStateArgs_v5_t a = {.kernelCh = {9}};
+    for (int s = 8; s <= 24; s++)
+        for (int i = 0; i < 12; i++) ncclProfiler_v5.recordEventState(handles[i], s, &a);
+    for (int i = 11; i >= 0; i--) ncclProfiler_v5.stopEvent(handles[i]);
+    ncclProfiler_v5.stopEvent(api);
+    /* the P2p had no child: it completes only with a KernelCh; give it one */
+    ncclProfiler_v5.finalize(ctx);
+    tally t = read_logs();
+    CHECK(t.by_state[CI_STATE_COMPLETED] == 1, "the Coll completes (%ld)", t.by_state[CI_STATE_COMPLETED]);
+    CHECK(t.by_state[CI_STATE_ENQUEUED] == 1, "the childless P2p is written as enqueued at finalize (%ld)",
+          t.by_state[CI_STATE_ENQUEUED]);
+    CHECK(count_files("hang_detection", "finalize") == 1, "finalize evidence written");
+    CHECK(t.bad_headers == 0 && t.invalid == 0, "clean logs");
+    printf("ok   every v5 event type\n");
+}
+
+static void test_every_v4_event_type(void) {
+    fresh_home("v4types");
+    void* ctx = NULL;
+    int mask = 0;
+    ncclProfiler_v4.init(&ctx, &mask, NULL, 0x44ull, 1, 2, 0, NULL);
+    CHECK(ctx != NULL && (mask & ncclProfileCollApi) == 0, "v4 init");
+    void* op = NULL;
+    for (int type = 0; type < 8; type++) {
+        ncclProfilerEventDescr_v4_t d;
+        memset(&d, 0, sizeof(d));
+        d.type = (uint8_t)(1 << type);
+        if (d.type == ncclProfileColl) {
+            d.coll.func = "AllGather";
+            d.coll.datatype = "ncclInt8";
+            d.coll.count = 64;
+            d.coll.nChannels = 1;
+        } else if (d.type == ncclProfileP2p) {
+            d.p2p.func = "Recv";
+            d.p2p.datatype = "ncclFloat16";
+            d.p2p.peer = 1;
+        } else {
+            d.parentObj = op;
+            d.kernelCh.pTimer = 77;
+        }
+        void* h = NULL;
+        ncclProfiler_v4.startEvent(ctx, &h, &d);
+        if (d.type == ncclProfileColl) {
+            op = h;
+            ncclProfiler_v4.stopEvent(h);
+            continue;
+        }
+        ncclProfilerEventStateArgs_v4_t a = {.kernelCh = {88}};
+        ncclProfiler_v4.recordEventState(h, ncclProfilerKernelChStop, &a);
+        ncclProfiler_v4.stopEvent(h);
+    }
+    ncclProfiler_v4.finalize(ctx);
+    tally t = read_logs();
+    /* the Coll completes with its KernelCh times; the P2p announced no channel, so its stop completes it */
+    CHECK(t.by_state[CI_STATE_COMPLETED] == 2 && t.gpu_times == 1, "completed %ld gpu %ld", t.by_state[1], t.gpu_times);
+    CHECK(t.null_names == t.valid, "NULL commName gives empty names");
+    printf("ok   every v4 event type, NULL commName\n");
+}
+
+typedef struct storm_arg {
+    void* ctx;
+    int thread, ops;
+    long dropped;
+} storm_arg;
+
+static void* storm(void* p) {
+    storm_arg* a = p;
+    for (int i = 0; i < a->ops; i++)
+        if (coll_op(a->ctx, (uint64_t)a->thread * 1000000 + (uint64_t)i, 2, 1) == NULL) a->dropped++;
+    return NULL;
+}
+
+static void test_eight_thread_storm_reads_back_exactly(void) {
+    fresh_home("storm");
+    setenv("COMMINSIGHT_POOL_SIZE", "65536", 1); /* holds the whole storm: nothing may be dropped */
+    void* ctx = init5("storm", 8, 0);
+    pthread_t th[8];
+    storm_arg args[8];
+    for (int i = 0; i < 8; i++) {
+        args[i] = (storm_arg){ctx, i, 5000, 0};
+        pthread_create(&th[i], NULL, storm, &args[i]);
+    }
+    long dropped = 0;
+    for (int i = 0; i < 8; i++) {
+        pthread_join(th[i], NULL);
+        dropped += args[i].dropped;
+    }
+    ncclProfiler_v5.finalize(ctx);
+    tally t = read_logs();
+    CHECK(dropped == 0 && t.valid == 40000, "records %ld dropped %ld", t.valid, dropped);
+    CHECK(t.by_state[CI_STATE_COMPLETED] == t.valid && t.gpu_times == t.valid, "all completed with GPU times");
+    printf("ok   8-thread storm: %ld records + %ld dropped = 40000\n", t.valid, dropped);
+}
+
+static void test_ring_without_consumer_drops_and_counts(void) {
+    fresh_home("ring");
+    setenv("COMMINSIGHT_RING_CAPACITY", "64", 1);
+    void* ctx = init5("ring", 2, 0);
+    for (int i = 0; i < 1000; i++) coll_op(ctx, (uint64_t)i, 1, 1);
+    ncclProfiler_v5.finalize(ctx);
+    char dir[320];
+    snprintf(dir, sizeof(dir), "%s/shms", g_home);
+    DIR* d = opendir(dir);
+    struct dirent* e;
+    int found = 0;
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        if (strstr(e->d_name, ".ring") == NULL) continue;
+        char path[640];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        int fd = open(path, O_RDONLY);
+        ci_ring_header h;
+        CHECK(read(fd, &h, sizeof(h)) == (ssize_t)sizeof(h), "ring header");
+        close(fd);
+        CHECK(h.magic == CI_RING_MAGIC && h.capacity == 64 && h.writer_closed == 1, "ring header fields");
+        CHECK(h.head == 64 && h.dropped == 936 && h.tail == 0, "head %llu dropped %llu", (unsigned long long)h.head,
+              (unsigned long long)h.dropped);
+        found++;
+    }
+    if (d) closedir(d);
+    CHECK(found == 1, "one ring file (%d)", found);
+    tally t = read_logs();
+    CHECK(t.valid == 1000, "raw logs keep everything the ring dropped (%ld)", t.valid);
+    printf("ok   ring without consumer drops and counts\n");
+}
+
+static void test_reload_cycles(void) {
+    fresh_home("reload");
+    for (int cycle = 0; cycle < 3; cycle++) {
+        void* a = init5("a", 2, 0);
+        void* b = init5(NULL, 2, 1);
+        for (int i = 0; i < 10; i++) {
+            coll_op(a, (uint64_t)i, 1, 1);
+            coll_op(b, (uint64_t)i, 1, 1);
+        }
+        ncclProfiler_v5.finalize(a);
+        ncclProfiler_v5.finalize(b);
+    }
+    tally t = read_logs();
+    CHECK(t.valid == 60 && t.segments == 3, "records %ld segments %ld", t.valid, t.segments);
+    printf("ok   init/finalize cycles restart the writer\n");
+}
+
+static void test_inflight_at_finalize_is_abandoned(void) {
+    fresh_home("abandon");
+    void* ctx = init5("abandon", 2, 0);
+    coll_op(ctx, 1, 2, 1);
+    void* stuck = coll_op(ctx, 2, 2, 0); /* enqueued, kernel never reported */
+    ncclProfilerEventDescr_v5_t k;
+    memset(&k, 0, sizeof(k));
+    k.type = ncclProfileKernelCh;
+    k.parentObj = coll_op(ctx, 3, 2, 0);
+    void* kh = NULL;
+    ncclProfiler_v5.startEvent(ctx, &kh, &k); /* one channel started, never stops */
+    (void)stuck;
+    ncclProfiler_v5.finalize(ctx);
+    tally t = read_logs();
+    CHECK(t.by_state[CI_STATE_COMPLETED] == 1 && t.by_state[CI_STATE_ENQUEUED] == 1 &&
+              t.by_state[CI_STATE_ABANDONED] == 1,
+          "completed %ld enqueued %ld abandoned %ld", t.by_state[1], t.by_state[2], t.by_state[3]);
+    CHECK(count_files("hang_detection", "-finalize-") == 1, "finalize evidence");
+    printf("ok   in flight at finalize: abandoned/enqueued records and evidence\n");
+}
+
+static void test_hang_timeout_writes_evidence(void) {
+    fresh_home("timeout");
+    setenv("COMMINSIGHT_HANG_TIMEOUT_S", "1", 1);
+    void* ctx = init5("timeout", 2, 0);
+    coll_op(ctx, 7, 1, 0);
+    sleep(2); /* the writer scans once a second */
+    int files = count_files("hang_detection", "-timeout-");
+    ncclProfiler_v5.finalize(ctx);
+    tally t = read_logs();
+    CHECK(files == 1, "timeout evidence files %d", files);
+    CHECK(t.by_state[CI_STATE_TIMEOUT] == 1 && t.by_state[CI_STATE_ENQUEUED] == 1, "timeout %ld enqueued %ld",
+          t.by_state[4], t.by_state[2]);
+    printf("ok   hang timeout snapshot and evidence\n");
+}
+
+static void test_pool_exhaustion_drops_without_blocking(void) {
+    fresh_home("pool");
+    setenv("COMMINSIGHT_POOL_SIZE", "64", 1);
+    void* ctx = init5("pool", 2, 0);
+    int nulls = 0;
+    for (int i = 0; i < 100; i++)
+        if (coll_op(ctx, (uint64_t)i, 1, 0) == NULL) nulls++;
+    ncclProfiler_v5.finalize(ctx);
+    tally t = read_logs();
+    CHECK(nulls == 36 && t.valid == 64, "nulls %d records %ld", nulls, t.valid);
+    printf("ok   empty pool drops and counts\n");
+}
+
+static void test_unwritable_home_degrades(void) {
+    fresh_home("unwritable");
+    setenv("COMMINSIGHT_HOME", "/proc/comminsight-nowhere", 1);
+    void* ctx = init5("nohome", 2, 0);
+    for (int i = 0; i < 100; i++) coll_op(ctx, (uint64_t)i, 1, 1);
+    ncclProfiler_v5.finalize(ctx);
+    printf("ok   unwritable home: no crash\n");
+}
+
+static void test_p2p_sequence_per_peer(void) {
+    fresh_home("p2p");
+    void* ctx = init5("p2p", 4, 0);
+    for (int i = 0; i < 30; i++) {
+        ncclProfilerEventDescr_v5_t d;
+        memset(&d, 0, sizeof(d));
+        d.type = ncclProfileP2p;
+        d.p2p.func = (i % 2) ? "Recv" : "Send";
+        d.p2p.datatype = "ncclFloat64";
+        d.p2p.count = 4;
+        d.p2p.peer = i % 3;
+        d.p2p.nChannels = 1;
+        void *h = NULL, *kh = NULL;
+        ncclProfiler_v5.startEvent(ctx, &h, &d);
+        ncclProfiler_v5.stopEvent(h);
+        ncclProfilerEventDescr_v5_t k;
+        memset(&k, 0, sizeof(k));
+        k.type = ncclProfileKernelCh;
+        k.parentObj = h;
+        ncclProfiler_v5.startEvent(ctx, &kh, &k);
+        ncclProfiler_v5.stopEvent(kh);
+    }
+    ncclProfiler_v5.finalize(ctx);
+    tally t = read_logs();
+    /* 6 (func, peer) pairs, 5 ops each: seq 0..4 */
+    CHECK(t.p2p == 30 && t.max_seq == 4, "p2p %ld max seq %llu", t.p2p, (unsigned long long)t.max_seq);
+    printf("ok   P2P sequence numbers per (comm, func, peer)\n");
+}
+
+int main(void) {
+    test_every_v5_event_type();
+    test_every_v4_event_type();
+    test_eight_thread_storm_reads_back_exactly();
+    test_ring_without_consumer_drops_and_counts();
+    test_reload_cycles();
+    test_inflight_at_finalize_is_abandoned();
+    test_hang_timeout_writes_evidence();
+    test_pool_exhaustion_drops_without_blocking();
+    test_unwritable_home_degrades();
+    test_p2p_sequence_per_peer();
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf /tmp/ci-check-%d-*", (int)getpid());
+    if (system(cmd) != 0) failures++;
+    printf(failures ? "FAILED: %d check(s)\n" : "all C checks passed\n", failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,77 @@
+"""Kineto importer: the public HTA trace, multi-rank directories, and broken traces."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import polars as pl
+import pytest
+
+from comminsight.analysis import analyze_hang
+from comminsight.importers import EvidenceError, detect, kineto, load
+
+
+def test_hta_kineto_trace_yields_collectives_with_group_and_sequence(kineto_public):
+    assert detect(kineto_public).name == "kineto"
+    df = pl.from_arrow(load(kineto_public))
+    ops = df.filter(pl.col("op") != "compute")
+    assert ops["rank"].unique().to_list() == [0]
+    assert sorted(ops["op"].unique()) == ["all_reduce", "broadcast"]
+    assert ops["comm_id"].unique().to_list() == ["0"]
+    assert ops["comm_desc"].unique().to_list() == ["default_pg"]
+    assert ops["comm_ranks"][0].to_list() == [0, 1]
+    assert ops["seq"].to_list() == list(range(len(ops)))  # one sequence per group, in enqueue order
+    assert (ops["end_ns"] > ops["start_ns"]).all()
+    assert (ops["start_ns"] > ops["enqueue_ns"]).all()
+    assert ops["dtype"].null_count() == 0
+    assert (ops["bytes"] > 0).all()
+
+
+def test_hta_kineto_profiler_steps_become_spans_and_label_the_ops(kineto_public):
+    df = pl.from_arrow(load(kineto_public))
+    spans = df.filter(pl.col("op") == "compute").sort("start_ns")
+    assert spans["step"].to_list() == [4, 5, 6]
+    ops = df.filter(pl.col("op") != "compute")
+    for span in spans.iter_rows(named=True):
+        inside = ops.filter((pl.col("enqueue_ns") >= span["start_ns"]) & (pl.col("enqueue_ns") <= span["end_ns"]))
+        assert not inside.is_empty()
+        assert inside["step"].unique().to_list() == [span["step"]]
+
+
+def test_two_rank_traces_in_a_directory_show_no_hang(kineto_public, tmp_path):
+    trace = json.loads(gzip.decompress(kineto_public.read_bytes()))
+    directory = tmp_path / "traces"
+    directory.mkdir()
+    for rank in (0, 1):
+        trace["distributedInfo"]["rank"] = rank
+        (directory / f"rank{rank}.pt.trace.json").write_text(json.dumps(trace))
+    table = load(directory)
+    assert pl.from_arrow(table)["rank"].unique().sort().to_list() == [0, 1]
+    assert analyze_hang(table)["verdict"] == "no_hang"
+
+
+def test_broken_traces_fail_clearly(tmp_path, kineto_public, monkeypatch):
+    data = kineto_public.read_bytes()
+    truncated = tmp_path / "cut.json.gz"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(EvidenceError, match="cannot read"):
+        load(truncated)
+    no_events = tmp_path / "x.json"
+    no_events.write_text('{"schemaVersion": 1, "traceEvents": 5}')
+    with pytest.raises(EvidenceError, match="traceEvents"):
+        load(no_events)
+    no_rank = tmp_path / "trace.json"
+    no_rank.write_text('{"schemaVersion": 1, "traceEvents": []}')
+    with pytest.raises(EvidenceError, match="rank"):
+        load(no_rank)
+    monkeypatch.setattr(kineto, "MAX_JSON_BYTES", 1000)
+    with pytest.raises(EvidenceError, match="limit"):
+        load(kineto_public)
+
+
+def test_a_trace_without_collectives_is_refused(tmp_path):
+    path = tmp_path / "rank3.json"
+    path.write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1}]}')
+    with pytest.raises(EvidenceError, match="no NCCL operations"):
+        load(path)

@@ -1,0 +1,192 @@
+"""Plans: layouts, communicators, rendezvous, deadlock checks, timing and configuration validation (in-process)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from comminsight.simulator.plan import (
+    Compute,
+    Crash,
+    Hang,
+    Launch,
+    Op,
+    RankSchedule,
+    SimulationConfig,
+    SlowLink,
+    Straggler,
+    build_plan,
+    check_deadlock_free,
+    compute_durations,
+    config_from_dict,
+    config_to_dict,
+)
+
+LAYOUTS = [
+    SimulationConfig(layout="ddp", ranks=4),
+    SimulationConfig(layout="fsdp", ranks=3, layers=3),
+    SimulationConfig(layout="megatron", ranks=8, tp=2, pp=2, layers=1),
+    SimulationConfig(layout="megatron", ranks=8, tp=1, pp=4, dp=2, nodes=2, micro_batches=3),
+    SimulationConfig(layout="megatron", ranks=12, tp=2, pp=3, layers=2, micro_batches=1),
+    SimulationConfig(layout="megatron", ranks=4, tp=4, pp=1),
+]
+
+
+@pytest.mark.parametrize("config", LAYOUTS, ids=lambda c: f"{c.layout}-{c.ranks}-tp{c.tp}-pp{c.pp}")
+def test_every_layout_builds_complete_deadlock_free_schedules(config: SimulationConfig) -> None:
+    plan = build_plan(config)  # raises on an incomplete rendezvous or a deadlock
+
+    assert len(plan.schedules) == config.ranks
+    assert all(len(s.steps) == config.steps for s in plan.schedules)
+    assert plan.rendezvous_offsets[-1] == sum(len(m) for m in plan.rendezvous_members)
+    assert (plan.transfer_ns > 0).all()
+
+
+def test_communicators_hash_the_same_on_members_and_differ_between_groups() -> None:
+    plan = build_plan(SimulationConfig(layout="megatron", ranks=8, tp=2, pp=2, layers=1))
+    hashes = [c.comm_hash for c in plan.communicators]
+
+    assert len(set(hashes)) == len(hashes)
+    assert build_plan(SimulationConfig(layout="megatron", ranks=8, tp=2, pp=2, layers=1, seed=9)).communicators == (
+        plan.communicators
+    ), "hashes depend on the group, not on the run"
+
+
+def test_megatron_groups_follow_megatrons_rank_order() -> None:
+    plan = build_plan(SimulationConfig(layout="megatron", ranks=8, tp=2, pp=2, layers=1))
+    groups = {c.name: c.ranks for c in plan.communicators}
+
+    assert groups["tp0"] == (0, 1)
+    assert groups["tp1"] == (2, 3)
+    assert groups["dp0"] == (0, 2)
+    assert groups["pp0"] == (0, 4)
+    assert groups["mp0"] == (0, 1, 4, 5)
+    assert plan.coordinates[5] == {"tp": 1, "dp": 0, "pp": 1}
+
+
+def test_pipeline_stages_exchange_matching_sends_and_receives() -> None:
+    plan = build_plan(SimulationConfig(layout="megatron", ranks=4, tp=1, pp=4, dp=1, micro_batches=4, steps=1))
+    sent = Counter()
+    received = Counter()
+    for schedule in plan.schedules:
+        for action in schedule.steps[0]:
+            if isinstance(action, Launch):
+                for op in action.ops:
+                    comm = plan.communicators[op.comm]
+                    if op.func == "Send":
+                        sent[(schedule.rank, comm.ranks[op.peer])] += 1
+                    elif op.func == "Recv":
+                        received[(comm.ranks[op.peer], schedule.rank)] += 1
+
+    assert sent == received
+    assert sent[(0, 1)] == 4
+    assert sent[(1, 0)] == 4
+    assert (0, 2) not in sent
+
+
+def test_one_rank_groups_get_no_rendezvous() -> None:
+    plan = build_plan(SimulationConfig(layout="megatron", ranks=4, tp=2, pp=2, layers=1))  # dp == 1
+    dp_ops = [
+        op
+        for action in plan.schedules[0].steps[0]
+        if isinstance(action, Launch)
+        for op in action.ops
+        if plan.communicators[op.comm].kind == "dp"
+    ]
+
+    assert dp_ops
+    assert all(op.rendezvous == -1 for op in dp_ops)
+
+
+def test_a_schedule_that_would_deadlock_is_rejected() -> None:
+    a, b = Op("AllReduce", 0, 1, "ncclFloat32", rendezvous=0), Op("AllReduce", 1, 1, "ncclFloat32", rendezvous=1)
+    crossed = [
+        RankSchedule(0, (), ((Launch((a,)), Compute(1.0, 1), Launch((b,))),)),
+        RankSchedule(1, (), ((Launch((b,)), Compute(1.0, 1), Launch((a,))),)),
+    ]
+    with pytest.raises(ValueError, match="deadlock"):
+        check_deadlock_free(crossed, [(0, 1), (0, 1)])
+
+
+def test_a_straggler_slows_only_its_rank_and_only_from_its_step() -> None:
+    config = SimulationConfig(ranks=4, steps=4, jitter=0.0, faults=(Straggler(2, 50.0, 2),))
+    plan = build_plan(config)
+    totals = {r: [sum(s) for s in compute_durations(config, r, plan.schedules[r].steps)] for r in range(4)}
+
+    assert totals[0] == pytest.approx([config.step_ms] * 4)
+    assert totals[2] == pytest.approx([20.0, 20.0, 30.0, 30.0])
+
+
+def test_jitter_is_reproducible_from_the_seed() -> None:
+    config = SimulationConfig(ranks=2, jitter=0.2, seed=5)
+    plan = build_plan(config)
+    first = compute_durations(config, 1, plan.schedules[1].steps)
+
+    assert first == compute_durations(config, 1, plan.schedules[1].steps)
+    assert first != compute_durations(SimulationConfig(ranks=2, jitter=0.2, seed=6), 1, plan.schedules[1].steps)
+
+
+def test_a_slow_link_slows_only_that_pairs_transfers() -> None:
+    base = SimulationConfig(layout="megatron", ranks=4, tp=1, pp=2, layers=1, jitter=0.0)
+    slow = SimulationConfig(**{**base.__dict__, "faults": (SlowLink((0, 2), 10.0),)})
+    plain, slowed = build_plan(base), build_plan(slow)
+    p2p = {
+        op.rendezvous
+        for schedule in plain.schedules
+        for action in schedule.steps[0]
+        if isinstance(action, Launch)
+        for op in action.ops
+        if op.is_p2p
+    }
+    ratio = {tuple(sorted(plain.rendezvous_members[i])): slowed.transfer_ns[i] / plain.transfer_ns[i] for i in p2p}
+
+    assert ratio[(0, 2)] == pytest.approx(10.0, rel=1e-3)
+    assert ratio[(1, 3)] == pytest.approx(1.0, rel=1e-3)
+
+
+def test_configuration_round_trips_through_plain_data() -> None:
+    config = SimulationConfig(layout="fsdp", ranks=3, faults=(Straggler(1, 20, 1), Hang(0, 1, 2), SlowLink((0, 1))))
+
+    assert config_from_dict(config_to_dict(config)) == config
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"layout": "ddp", "bogus": 1}, "unknown configuration fields"),
+        ({"faults": [{"type": "meteor", "rank": 0}]}, "unknown fault type"),
+        ({"faults": [{"rank": 0}]}, "unknown fault type"),
+    ],
+)
+def test_hostile_configuration_data_is_rejected(data: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        config_from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"layout": "zero3"}, "unknown layout"),
+        ({"ranks": 0}, "ranks must be"),
+        ({"ranks": 100_000}, "ranks must be"),
+        ({"ranks": 5, "nodes": 2}, "split evenly"),
+        ({"steps": 0}, "steps must be"),
+        ({"step_ms": -1}, "step time"),
+        ({"jitter": 1.5}, "jitter"),
+        ({"abi": 3}, "ABI"),
+        ({"tp": 2}, "megatron layout only"),
+        ({"layout": "megatron", "ranks": 6, "tp": 4}, "does not equal"),
+        ({"faults": (Straggler(9, 10),)}, "rank 9 is not in"),
+        ({"faults": (Straggler(1, -5),)}, "slow percentage"),
+        ({"faults": (Hang(1, 99),)}, "step 99"),
+        ({"faults": (Hang(1, 1, 50),)}, "op index 50 is out of range"),
+        ({"faults": (Crash(1, 1, exit_code=0),)}, "exit code"),
+        ({"faults": (Hang(1, 1), Crash(1, 2))}, "only once"),
+        ({"faults": (SlowLink((1, 1)),)}, "must differ"),
+        ({"faults": (SlowLink((0, 1)),)}, "never exchange P2P"),
+    ],
+)
+def test_bad_configurations_are_rejected_with_a_clear_message(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build_plan(SimulationConfig(**options))

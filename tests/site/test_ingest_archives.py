@@ -1,0 +1,249 @@
+"""Archive ingest: the columnar store, metadata, idempotency, hostile archives, discovery."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from apps.workloads import ingest
+from apps.workloads.discovery import discover_archives
+from apps.workloads.models import Archive, ArchiveState, SystemSettings, Workload
+from apps.workloads.uploads import archive_register
+from tests.site.archives import (
+    manifest_entry,
+    manifest_for,
+    regular,
+    segment_bytes,
+    sha256_of,
+    tar_zst,
+    valid_archive,
+)
+
+
+def register(path: Path, owner) -> Archive:
+    archive, _ = archive_register(
+        source_path=path, sha256=sha256_of(path), size=path.stat().st_size, owner=owner, filename=path.name
+    )
+    return archive
+
+
+def store_files(data_dir: Path) -> list[Path]:
+    return sorted(p for p in (data_dir / "store").rglob("*") if p.is_file()) if (data_dir / "store").exists() else []
+
+
+def test_ingest_writes_parquet_per_rank_and_the_workload_metadata(personas, tmp_path, data_dir):
+    archive = register(valid_archive(tmp_path, ranks=(2, 3)), personas.alice)
+    assert ingest.archive_ingest(archive.pk) == ArchiveState.INGESTED
+    workload = Workload.objects.get(owner=personas.alice, external_id="job-7")
+    files = ingest.workload_parquet_files(workload)
+    assert [f.parent.name for f in files] == ["rank-2", "rank-3"]
+    assert all(f.parent.parent.name == "node-10.0.0.1" for f in files)
+    table = pq.read_table(files[0])
+    assert table.num_rows == 8
+    assert set(table.column("op").to_pylist()) == {"all_reduce"}
+    node = workload.nodes.get()
+    assert (node.host, node.node_ip) == ("gpu-host-a", "10.0.0.1")
+    assert sorted(workload.ranks.values_list("rank", flat=True)) == [2, 3]
+    comm = workload.communicators.get()
+    assert (comm.comm_name, comm.nranks, comm.ranks) == ("dp", 4, [2, 3])
+    archive.refresh_from_db()
+    assert (archive.workload, archive.record_count, archive.node) == (workload, 16, "10.0.0.1")
+    assert (workload.first_ns, workload.last_ns) == (10_000, 20_000)
+
+
+def test_a_second_node_adds_its_ranks_and_extends_communicator_members(personas, tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = register(valid_archive(tmp_path / "a", ranks=(0, 1)), personas.alice)
+    second = register(valid_archive(tmp_path / "b", node="10.0.0.2", ranks=(2, 3)), personas.alice)
+    ingest.archive_ingest(first.pk)
+    ingest.archive_ingest(second.pk)
+    workload = Workload.objects.get(external_id="job-7")
+    assert list(workload.nodes.values_list("name", flat=True)) == ["10.0.0.1", "10.0.0.2"]
+    assert workload.communicators.get().ranks == [0, 1, 2, 3]
+
+
+def test_ingesting_twice_changes_nothing(personas, tmp_path, data_dir):
+    archive = register(valid_archive(tmp_path), personas.alice)
+    ingest.archive_ingest(archive.pk)
+    before = [(p, p.stat().st_size) for p in store_files(data_dir)]
+    assert ingest.archive_ingest(archive.pk) == ArchiveState.INGESTED
+    assert [(p, p.stat().st_size) for p in store_files(data_dir)] == before
+
+
+def test_a_worker_dying_mid_ingest_leaves_nothing_and_the_retry_completes(personas, tmp_path, data_dir, monkeypatch):
+    archive = register(valid_archive(tmp_path), personas.alice)
+    real_publish = ingest._publish
+
+    def die(*args, **kwargs):
+        raise OSError("worker killed")
+
+    monkeypatch.setattr(ingest, "_publish", die)
+    with pytest.raises(OSError, match="worker killed"):
+        ingest.archive_ingest(archive.pk)
+    archive.refresh_from_db()
+    assert archive.state == ArchiveState.STORED
+    assert store_files(data_dir) == []
+    assert not Workload.objects.filter(external_id="job-7").exists()
+    monkeypatch.setattr(ingest, "_publish", real_publish)
+    assert ingest.archive_ingest(archive.pk) == ArchiveState.INGESTED
+    assert len(store_files(data_dir)) == 3  # two ranks and one hang file, once each
+
+
+def hostile(tmp_path: Path, kind: str) -> Path:
+    """One hostile archive per ``kind``; each is refused for the reason named in the test table."""
+    path = tmp_path / f"ci-evil-{kind}.tar.zst"
+    segment = segment_bytes(0)
+    good = [("segments/s0.cilog.sealed", segment)]
+    manifest = manifest_for()
+    if kind == "traversal":
+        return tar_zst(path, [manifest_entry(manifest, good), regular("../../etc/cron.d/x", b"boom")])
+    if kind == "absolute":
+        return tar_zst(path, [manifest_entry(manifest, good), regular("/etc/passwd", b"root")])
+    if kind in ("symlink", "hardlink", "device"):
+        info = tarfile.TarInfo("segments/s0.cilog.sealed")
+        info.type = {"symlink": tarfile.SYMTYPE, "hardlink": tarfile.LNKTYPE, "device": tarfile.CHRTYPE}[kind]
+        info.linkname = "/etc/shadow"
+        return tar_zst(path, [manifest_entry(manifest, good), info])
+    if kind == "bomb":
+        zeros = b"\0" * (64 << 20)
+        return tar_zst(
+            path,
+            [
+                manifest_entry(manifest, [("segments/s0.cilog.sealed", zeros)]),
+                regular("segments/s0.cilog.sealed", zeros),
+            ],
+        )
+    if kind == "truncated":
+        full = valid_archive(tmp_path)
+        data = full.read_bytes()
+        full.unlink()
+        path.write_bytes(data[: len(data) // 2])
+        return path
+    if kind == "lying-size":
+        entry = manifest_entry(manifest, [("segments/s0.cilog.sealed", segment + b"x")])
+        return tar_zst(path, [entry, regular("segments/s0.cilog.sealed", segment)])
+    if kind == "lying-hash":
+        entry = manifest_entry(manifest, [("segments/s0.cilog.sealed", segment[:-1] + b"\x01")])
+        return tar_zst(path, [entry, regular("segments/s0.cilog.sealed", segment)])
+    if kind == "manifest-not-first":
+        return tar_zst(path, [regular("segments/s0.cilog.sealed", segment), manifest_entry(manifest, good)])
+    if kind == "bad-comm-hash":
+        bad = {**manifest, "communicators": [{"comm_hash": "../../x", "nranks": 1, "ranks": [0]}]}
+        return tar_zst(path, [manifest_entry(bad, good), regular("segments/s0.cilog.sealed", segment)])
+    if kind == "not-an-archive":
+        path.write_bytes(b"GET / HTTP/1.1\r\n" * 10)
+        return path
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("traversal", "not allowed"),
+        ("absolute", "not allowed"),
+        ("symlink", "not a regular file"),
+        ("hardlink", "not a regular file"),
+        ("device", "not a regular file"),
+        ("bomb", "decompression bomb"),
+        ("truncated", "tar+zstd archive"),
+        ("lying-size", "manifest says"),
+        ("lying-hash", "does not match its sha256"),
+        ("manifest-not-first", "first member is not manifest.json"),
+        ("bad-comm-hash", "comm_hash"),
+        ("not-an-archive", "not a readable tar+zstd archive"),
+    ],
+)
+def test_hostile_archive_is_quarantined_with_a_reason_and_nothing_written(personas, tmp_path, data_dir, kind, reason):
+    archive = register(hostile(tmp_path, kind), personas.alice)
+    assert ingest.archive_ingest(archive.pk) == ArchiveState.QUARANTINED
+    archive.refresh_from_db()
+    assert reason in archive.reason
+    assert store_files(data_dir) == []
+    assert not Workload.objects.filter(external_id="job-7").exists()
+    assert Path(archive.path).parent.name == "quarantine"
+    assert not (Path("/etc/cron.d/x")).exists()
+
+
+def test_quarantined_archive_is_shown_to_its_owner_only(client, personas, tmp_path):
+    archive = register(hostile(tmp_path, "symlink"), personas.alice)
+    ingest.archive_ingest(archive.pk)
+    client.force_login(personas.alice)
+    assert b"not a regular file" in client.get("/workloads/").content
+    client.force_login(personas.carol)
+    assert b"not a regular file" not in client.get("/workloads/").content
+
+
+def shared_archive_dir(root: Path) -> Path:
+    path = root / "comminsight" / "02_archives"
+    path.mkdir(parents=True)
+    return path
+
+
+def test_discovery_ingests_an_archive_dropped_in_the_path_without_moving_it(
+    personas, tmp_path, django_capture_on_commit_callbacks
+):
+    shared = tmp_path / "shared"
+    drop = shared_archive_dir(shared)
+    SystemSettings.objects.create(id=1, archive_path=str(shared), discovery_owner=personas.bob)
+    (tmp_path / "w").mkdir()
+    made = valid_archive(tmp_path / "w")
+    dropped = drop / made.name
+    made.replace(dropped)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert discover_archives() == 1
+    archive = Archive.objects.get()
+    assert (archive.state, archive.owner, archive.path) == (ArchiveState.INGESTED, personas.bob, str(dropped))
+    assert dropped.exists()
+    assert Workload.objects.get(external_id="job-7").owner == personas.bob
+    assert discover_archives() == 0
+
+
+def test_discovery_ignores_symlinks_and_a_missing_path(personas, tmp_path):
+    shared = tmp_path / "shared"
+    SystemSettings.objects.create(id=1, archive_path=str(shared))
+    assert discover_archives() == 0
+    drop = shared_archive_dir(shared)
+    (tmp_path / "w").mkdir()
+    target = valid_archive(tmp_path / "w")
+    os.symlink(target, drop / "ci-link.tar.zst")
+    assert discover_archives() == 0
+    assert not Archive.objects.exists()
+
+
+def test_changing_the_archive_path_moves_nothing(client, personas, tmp_path):
+    shared = tmp_path / "shared"
+    drop = shared_archive_dir(shared)
+    (drop / "keep.tar.zst").write_bytes(b"x")
+    client.force_login(personas.admin)
+    client.post("/settings/", {"archive_path": str(shared)})
+    client.post("/settings/", {"archive_path": str(tmp_path / "elsewhere")})
+    assert (drop / "keep.tar.zst").read_bytes() == b"x"
+    assert SystemSettings.load().archive_path == str(tmp_path / "elsewhere")
+
+
+def test_settings_refuse_a_relative_archive_path(client, personas):
+    client.force_login(personas.root)
+    response = client.post("/settings/", {"archive_path": "relative/dir"})
+    assert response.status_code == 400
+    assert SystemSettings.load().archive_path == ""
+
+
+def test_discovered_file_is_not_hashed_again_while_unchanged(personas, tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    drop = shared_archive_dir(shared)
+    SystemSettings.objects.create(id=1, archive_path=str(shared))
+    (tmp_path / "w").mkdir()
+    made = valid_archive(tmp_path / "w")
+    made.replace(drop / made.name)
+    discover_archives()
+    from apps.workloads import discovery
+
+    monkeypatch.setattr(discovery, "file_sha256", lambda p: pytest.fail("re-hashed an unchanged file"))
+    time.sleep(0)  # no waiting: the mtime is unchanged by construction
+    assert discover_archives() == 0

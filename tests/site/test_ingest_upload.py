@@ -1,0 +1,242 @@
+"""The upload protocol as agents see it: create, append, resume, finalize, one-shot, caps and races."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.urls import reverse
+
+from apps.accounts.services import agent_token_create
+from apps.workloads import uploads
+from apps.workloads.models import Archive, ArchiveState, Upload, Workload
+from tests.site.archives import sha256_of, valid_archive
+
+
+def agent(secret: str) -> Client:
+    return Client(HTTP_AUTHORIZATION=f"Bearer {secret}")
+
+
+def create(client: Client, path: Path, **extra):
+    body = {"sha256": sha256_of(path), "size": path.stat().st_size, "filename": path.name, **extra}
+    return client.post(reverse("api-ingest-uploads"), body, content_type="application/json")
+
+
+def patch(client: Client, upload_id: str, offset: int, data: bytes, checksum: str | None = None):
+    return client.patch(
+        reverse("api-ingest-upload", args=[upload_id]),
+        data=data,
+        content_type="application/offset+octet-stream",
+        HTTP_UPLOAD_OFFSET=str(offset),
+        HTTP_UPLOAD_CHECKSUM=f"sha256 {checksum or hashlib.sha256(data).hexdigest()}",
+    )
+
+
+def finalize(client: Client, upload_id: str):
+    return client.post(reverse("api-ingest-upload-finalize", args=[upload_id]))
+
+
+@pytest.fixture
+def archive_file(tmp_path) -> Path:
+    return valid_archive(tmp_path)
+
+
+def test_upload_interrupted_and_resumed_ends_ingested(personas, archive_file, django_capture_on_commit_callbacks):
+    client = agent(personas.agent_secret)
+    data = archive_file.read_bytes()
+    created = create(client, archive_file, workload_id="job-7", node="10.0.0.1")
+    assert created.status_code == 201
+    upload_id = created.json()["upload_id"]
+    half = len(data) // 2
+    assert patch(client, upload_id, 0, data[:half]).status_code == 204
+    # The connection drops; the agent restarts and asks again: it gets the same upload and its offset.
+    resumed = create(client, archive_file)
+    assert resumed.status_code == 200
+    assert resumed.json() == {**resumed.json(), "upload_id": upload_id, "offset": half, "status": "open"}
+    head = client.head(reverse("api-ingest-upload", args=[upload_id]))
+    assert head["Upload-Offset"] == str(half)
+    assert head["Upload-Length"] == str(len(data))
+    assert patch(client, upload_id, half, data[half:]).status_code == 204
+    with django_capture_on_commit_callbacks(execute=True):
+        done = finalize(client, upload_id)
+    assert done.status_code == 201
+    assert done.json()["sha256"] == sha256_of(archive_file)
+    archive = Archive.objects.get(sha256=sha256_of(archive_file))
+    assert archive.state == ArchiveState.INGESTED
+    workload = Workload.objects.get(external_id="job-7", owner=personas.alice)
+    assert list(workload.nodes.values_list("name", flat=True)) == ["10.0.0.1"]
+    assert workload.communicators.get().ranks == [0, 1]
+
+
+def test_wrong_chunk_checksum_appends_nothing(personas, archive_file):
+    client = agent(personas.agent_secret)
+    upload_id = create(client, archive_file).json()["upload_id"]
+    response = patch(client, upload_id, 0, archive_file.read_bytes()[:100], checksum="0" * 64)
+    assert response.status_code == 422
+    assert response.json()["detail"] == "chunk checksum mismatch"
+    upload = Upload.objects.get(pk=upload_id)
+    assert upload.offset == 0
+    assert uploads.part_path(upload).stat().st_size == 0
+
+
+def test_wrong_offset_is_refused_with_the_servers_offset(personas, archive_file):
+    client = agent(personas.agent_secret)
+    upload_id = create(client, archive_file).json()["upload_id"]
+    response = patch(client, upload_id, 50, archive_file.read_bytes()[50:100])
+    assert response.status_code == 409
+    assert response.json()["offset"] == 0
+
+
+@pytest.mark.parametrize(("declared", "sent"), [(8 * 1024 * 1024 + 2, 8 * 1024 * 1024 + 1), (100, 101)])
+def test_chunks_over_the_chunk_limit_or_past_the_size_are_refused(personas, settings, declared, sent):
+    settings.INGEST_MAX_CHUNK_BYTES = 8 * 1024 * 1024
+    client = agent(personas.agent_secret)
+    body = {"sha256": "ef" * 32, "size": declared, "filename": "ci-x.tar.zst"}
+    upload_id = client.post(reverse("api-ingest-uploads"), body, content_type="application/json").json()["upload_id"]
+    assert patch(client, upload_id, 0, b"x" * sent).status_code == 413
+    assert Upload.objects.get(pk=upload_id).offset == 0
+
+
+def test_wrong_final_sha256_discards_the_upload(personas, archive_file):
+    client = agent(personas.agent_secret)
+    data = archive_file.read_bytes()
+    body = {"sha256": "0" * 64, "size": len(data), "filename": archive_file.name}
+    upload_id = client.post(reverse("api-ingest-uploads"), body, content_type="application/json").json()["upload_id"]
+    assert patch(client, upload_id, 0, data).status_code == 204
+    response = finalize(client, upload_id)
+    assert response.status_code == 422
+    assert response.json()["detail"] == "sha256 mismatch"
+    assert not Upload.objects.filter(pk=upload_id).exists()
+    assert not Archive.objects.exists()
+    assert list(uploads.uploads_dir().iterdir()) == []
+
+
+def test_finalize_before_all_bytes_arrived_is_a_conflict(personas, archive_file):
+    client = agent(personas.agent_secret)
+    upload_id = create(client, archive_file).json()["upload_id"]
+    response = finalize(client, upload_id)
+    assert response.status_code == 409
+    assert response.json()["offset"] == 0
+
+
+def test_a_known_archive_answers_complete_without_a_second_copy(personas, archive_file):
+    client = agent(personas.agent_secret)
+    data = archive_file.read_bytes()
+    upload_id = create(client, archive_file).json()["upload_id"]
+    patch(client, upload_id, 0, data)
+    first = finalize(client, upload_id)
+    again = create(client, archive_file)
+    assert again.status_code == 200
+    assert again.json() == {
+        "status": "complete",
+        "sha256": sha256_of(archive_file),
+        "archive_id": first.json()["archive_id"],
+    }
+    assert Archive.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"sha256": "XYZ", "size": 10, "filename": "a.tar.zst"},
+        {"sha256": "ab" * 32, "size": 0, "filename": "a.tar.zst"},
+        {"sha256": "ab" * 32, "size": -5, "filename": "a.tar.zst"},
+        {"sha256": "ab" * 32, "size": 10, "filename": "../../etc/passwd x"},
+        {"sha256": "ab" * 32, "size": "ten", "filename": "a.tar.zst"},
+        {"size": 10, "filename": "a.tar.zst"},
+    ],
+)
+def test_malformed_create_requests_change_nothing(personas, body):
+    response = agent(personas.agent_secret).post(reverse("api-ingest-uploads"), body, content_type="application/json")
+    assert response.status_code == 400
+    assert not Upload.objects.exists()
+
+
+def test_archive_over_the_size_cap_token_cap_or_owner_quota_is_refused(personas, settings):
+    client = agent(personas.agent_secret)
+    url = reverse("api-ingest-uploads")
+    body = {"sha256": "ab" * 32, "size": 5000, "filename": "a.tar.zst"}
+    settings.INGEST_MAX_ARCHIVE_BYTES = 4000
+    assert client.post(url, body, content_type="application/json").status_code == 413
+    settings.INGEST_MAX_ARCHIVE_BYTES = 10**9
+    settings.INGEST_TOKEN_MAX_BYTES = 4000
+    assert "upload cap" in client.post(url, body, content_type="application/json").json()["detail"]
+    settings.INGEST_TOKEN_MAX_BYTES = 10**9
+    settings.INGEST_OWNER_QUOTA_BYTES = 4000
+    assert "quota" in client.post(url, body, content_type="application/json").json()["detail"]
+    assert not Upload.objects.exists()
+
+
+def test_one_shot_upload_stores_once_and_verifies_the_sha256(personas, archive_file):
+    client = agent(personas.agent_secret)
+    url = reverse("api-ingest-archives")
+    with archive_file.open("rb") as handle:
+        wrong = client.post(url, {"file": handle, "sha256": "0" * 64})
+    assert wrong.status_code == 422
+    with archive_file.open("rb") as handle:
+        stored = client.post(url, {"file": handle, "sha256": sha256_of(archive_file)})
+    assert stored.status_code == 201
+    with archive_file.open("rb") as handle:
+        again = client.post(url, {"file": handle, "sha256": sha256_of(archive_file)})
+    assert again.status_code == 200
+    assert Archive.objects.count() == 1
+    assert [p.name for p in uploads.uploads_dir().iterdir()] == []
+
+
+def test_one_shot_over_its_limit_is_refused_before_reading(personas, archive_file, settings):
+    settings.INGEST_MAX_ONESHOT_BYTES = 10
+    with archive_file.open("rb") as handle:
+        response = agent(personas.agent_secret).post(
+            reverse("api-ingest-archives"), {"file": handle, "sha256": sha256_of(archive_file)}
+        )
+    assert response.status_code == 413
+    assert not Archive.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_same_archive_from_two_agents_at_once_is_stored_once_and_both_succeed(tmp_path, settings):
+    from apps.accounts.models import User
+
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    alice = User.objects.create(username="alice")
+    tokens = [agent_token_create(owner=alice, name=f"pool-{i}").token for i in range(2)]
+    path = valid_archive(tmp_path)
+    data, sha = path.read_bytes(), sha256_of(path)
+    barrier = threading.Barrier(2)
+    answers: list[tuple[int, bool]] = []
+
+    def send(token) -> None:
+        try:
+            outcome = uploads.upload_create(token=token, sha256=sha, size=len(data), filename=path.name)
+            if outcome.upload is not None:
+                uploads.upload_append(
+                    owner=alice,
+                    upload_id=outcome.upload.id,
+                    offset=0,
+                    checksum=f"sha256 {sha}",
+                    length=len(data),
+                    body=__import__("io").BytesIO(data),
+                )
+                barrier.wait(timeout=10)
+                archive, _ = uploads.upload_finalize(owner=alice, upload_id=outcome.upload.id)
+            else:
+                barrier.wait(timeout=10)
+                archive = outcome.archive
+            answers.append((archive.pk, archive.sha256 == sha))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=send, args=(t,)) for t in tokens]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) == 2
+    assert answers[0] == answers[1]
+    assert answers[0][1] is True
+    assert Archive.objects.count() == 1
+    assert len(list(uploads.archives_dir().rglob("*.tar.zst"))) == 1
