@@ -7,7 +7,7 @@ from django.db import models
 
 
 class WorkloadStatus(models.TextChoices):
-    UNKNOWN = "unknown", "Unknown"
+    UNKNOWN = "unknown", "No live data"
     RUNNING = "running", "Running"
     HUNG = "hung", "Hung"
     FINISHED = "finished", "Finished"

@@ -49,3 +49,14 @@ def data_dir(settings, tmp_path: Path) -> Path:
 def artifacts() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.fixture
+def celery_eager():
+    """Ingest runs inside the live server's request thread (no worker in browser tests)."""
+    from comminsight_site.celery import app
+
+    previous = app.conf.CELERY_TASK_ALWAYS_EAGER
+    app.conf.CELERY_TASK_ALWAYS_EAGER = True
+    yield
+    app.conf.CELERY_TASK_ALWAYS_EAGER = previous

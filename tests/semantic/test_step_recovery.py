@@ -24,6 +24,7 @@ from comminsight.semantic import (
     recover_steps,
     save_calibration,
 )
+from comminsight.semantic.engine import summaries_frame
 from comminsight.semantic.steps import run_engine
 
 
@@ -73,10 +74,14 @@ def _events(seed: int = 11) -> dict[str, np.ndarray]:
     return prepare_events(df)
 
 
-def _one_pass(events: dict[str, np.ndarray]) -> tuple[np.ndarray, list[dict]]:
+def _summaries(blocks: list[dict]) -> list[tuple]:
+    return summaries_frame(blocks).sort("rank", "step").rows()
+
+
+def _one_pass(events: dict[str, np.ndarray]) -> tuple[np.ndarray, list[tuple]]:
     rows, steps, final = run_engine(events, StepEngine(warmup=64), None)
     order = np.argsort(rows)
-    return steps[order], sorted(final, key=lambda f: (f["rank"], f["step"]))
+    return steps[order], _summaries(final)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -102,7 +107,7 @@ def test_resuming_from_checkpoints_after_any_chunking_equals_one_pass(cuts: list
     rows_a, steps_a = np.concatenate(rows), np.concatenate(steps)
     assert np.array_equal(np.sort(rows_a), np.sort(events["row"]))  # every event answered once
     assert np.array_equal(steps_a[np.argsort(rows_a)], expected_steps)
-    assert sorted(final, key=lambda f: (f["rank"], f["step"])) == expected_final
+    assert _summaries(final) == expected_final
 
 
 _EVENTS = _events()
@@ -114,10 +119,12 @@ def test_only_steps_older_than_the_stable_window_are_final() -> None:
     engine = StepEngine(warmup=64, window=2)
     out = engine.feed(events)
     per_rank_open = {r: st.step for r, st in engine.ranks.items()}
-    for summary in out["final"]:
-        assert summary["step"] <= per_rank_open[summary["rank"]] - 2
-    rest = engine.flush()["final"]
-    assert {(f["rank"], f["step"]) for f in rest}.isdisjoint({(f["rank"], f["step"]) for f in out["final"]})
+    early = summaries_frame(out["final"])
+    assert early.height > 0
+    for rank, step in early.select("rank", "step").iter_rows():
+        assert step <= per_rank_open[rank] - 2
+    rest = summaries_frame(engine.flush()["final"])
+    assert set(rest.select("rank", "step").rows()).isdisjoint(early.select("rank", "step").rows())
 
 
 def test_memory_of_the_engine_does_not_grow_with_the_number_of_steps() -> None:

@@ -37,6 +37,7 @@ from comminsight.importers.normalise import shape_display
 _SIZE_FREE_OPS = ("all_to_all", "gather", "scatter", "coalesced", "other", "barrier")
 _MAX_LISTED = 64  # cap on rank lists inside one evidence item, so 16k-rank reports stay readable
 _NONE = -1
+_NO_TIME = -(2**63)  # below any timestamp; stands for "no time" inside aggregations
 
 
 def _frame(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
@@ -80,23 +81,53 @@ def _split(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
 
 
 def _per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
-    """One pass over the collective rows: per (stream, rank) everything the analysis needs from them."""
-    # A progress row with seq_kind "func" cannot say which op it counts; such rows are not produced.
-    # Completion is in order within a stream, so the highest completed seq is a watermark: a
-    # pending op is one above it that is not completed itself.
-    watermark = pl.col("seq").filter(pl.col("state") == "completed").max()
+    """One pass over the collective rows: per (stream, rank) everything the analysis needs from them.
+
+    Only plain max/min/sum aggregations over precomputed columns, so polars runs them vectorised
+    (a filter inside an aggregation would be evaluated group by group).
+    """
+    keys = ["comm_id", "seq_kind", "sop", "rank"]
     real = pl.col("op") != PROGRESS_OP
-    pending = (pl.col("state") != "completed") & real & (pl.col("seq") > watermark.fill_null(-1))
-    t = _TIME.fill_null(-1)
-    return coll.group_by("comm_id", "seq_kind", "sop", "rank").agg(
-        pl.col("seq").max().alias("entered"),
-        watermark.alias("watermark"),
-        pl.col("seq").filter(pending).min().alias("first_pending"),
-        t.filter(real).max().alias("last_t"),
-        pl.col("_row").filter(real & (t == t.filter(real).max())).max().alias("last_row"),
-        (pl.col("state") == "abandoned").sum().alias("abandoned"),
-        pl.col("comm_desc").drop_nulls().first().alias("comm_desc"),
-        pl.col("comm_size").max().alias("comm_size"),
+    per_rank = (
+        coll.select(
+            *keys,
+            "seq",
+            pl.when(pl.col("state") == "completed").then(pl.col("seq")).alias("seq_done"),
+            pl.when(real).then(_TIME.fill_null(_NO_TIME)).alias("t_real"),
+            (pl.col("state") == "abandoned").alias("abandoned"),
+            "comm_desc",
+            "comm_size",
+        )
+        .group_by(keys)
+        .agg(
+            pl.col("seq").max().alias("entered"),
+            # Completion is in order within a stream: the highest completed seq is a watermark.
+            pl.col("seq_done").max().alias("watermark"),
+            pl.col("t_real").max().alias("last_t"),
+            pl.col("abandoned").sum().alias("abandoned"),
+            pl.col("comm_desc").max().alias("comm_desc"),
+            pl.col("comm_size").max().alias("comm_size"),
+        )
+    )
+    # Pending: not completed, above the watermark. Usually a small part of the rows.
+    pending = (
+        coll.filter((pl.col("state") != "completed") & real)
+        .select(*keys, "seq")
+        .join(per_rank.select(*keys, "watermark"), on=keys, how="left")
+        .filter(pl.col("watermark").is_null() | (pl.col("seq") > pl.col("watermark")))
+        .group_by(keys)
+        .agg(pl.col("seq").min().alias("first_pending"))
+    )
+    per_rank = per_rank.join(pending, on=keys, how="left")
+    # The row of each rank's latest real op (for "what it was doing last").
+    latest = (
+        coll.select("rank", "_row", pl.when(real).then(_TIME.fill_null(_NO_TIME)).alias("t"))
+        .join(per_rank.group_by("rank").agg(pl.col("last_t").max().alias("t")), on=["rank", "t"], how="semi")
+        .group_by("rank")
+        .agg(pl.col("_row").max().alias("last_row"))
+    )
+    return per_rank.join(latest, on="rank", how="left").with_columns(
+        pl.when(pl.col("last_t") == pl.col("last_t").max().over("rank")).then(pl.col("last_row")).alias("last_row")
     )
 
 
@@ -125,7 +156,7 @@ def _rank_activity(per_rank: pl.DataFrame, rest: pl.DataFrame) -> pl.DataFrame:
     """Per rank: latest timestamp (null when the source has none), abandoned ops, row of its last op."""
     real = rest.filter(pl.col("op") != PROGRESS_OP).select(
         "rank",
-        _TIME.fill_null(-1).alias("last_t"),
+        _TIME.fill_null(_NO_TIME).alias("last_t"),
         pl.col("_row").alias("last_row"),
         (pl.col("state") == "abandoned").cast(pl.UInt32).alias("abandoned"),
     )
@@ -137,7 +168,7 @@ def _rank_activity(per_rank: pl.DataFrame, rest: pl.DataFrame) -> pl.DataFrame:
         pl.col("last_t").max().alias("last_t"),
         pl.col("last_row").filter(pl.col("last_t") == pl.col("last_t").max()).max().alias("last_row"),
         pl.col("abandoned").sum().alias("abandoned"),
-    ).with_columns(pl.when(pl.col("last_t") >= 0).then(pl.col("last_t")).alias("last_activity_ns"))
+    ).with_columns(pl.when(pl.col("last_t") > _NO_TIME).then(pl.col("last_t")).alias("last_activity_ns"))
 
 
 def _collective_streams(per_rank: pl.DataFrame, members: pl.DataFrame, evidence_ranks: list[int]) -> pl.DataFrame:
@@ -614,7 +645,9 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
                 queue.append(waiter)
 
     # Per-rank evidence.
-    last_ops = df[activity.get_column("last_row").to_list()] if not activity.is_empty() else df.clear()
+    last_ops = df.select("rank", "comm_id", "comm_desc", "op", "seq", "state", "shape", "dtype")[
+        activity.get_column("last_row").to_list()
+    ]
     evidence: dict[str, dict] = {}
     root_set = set(roots)
     for row in last_ops.iter_rows(named=True):

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 from itertools import pairwise
 
 import numpy as np
+import polars as pl
 
 from comminsight.semantic.period import detect_period
 from comminsight.semantic.roles import N_SIGNATURES, ROLES
@@ -33,6 +34,8 @@ CHECKPOINT_VERSION = 1
 MAX_CHECKPOINT_BYTES = 256 << 20
 MAX_PENDING = 1 << 16  # events held while a run is undecided; beyond this they are assigned as is
 N_ROLES = len(ROLES)
+_ACC_COLS = 4 + N_ROLES  # start, last_end, n_ops, wait, then comm time per role
+SUMMARY_COLUMNS = ("rank", "step", "start_ns", "end_ns", "last_op_end_ns", "n_ops", "wait_ns")
 _FIELDS = ("row", "sig", "role", "start_ns", "end_ns", "wait_ns")
 
 
@@ -108,7 +111,9 @@ class _Rank:
     after_end: bool = True
     step: int = -1  # the step now open on this rank (-1: none yet)
     buffer: dict[str, np.ndarray] | None = None  # warm-up events, then the undecided tail
-    open_steps: dict[int, list] | None = None  # step -> [start, last_end, n, wait, comm per role...]
+    # Open steps, oldest first: ids, and per step [start, last_end, n_ops, wait, comm ns per role...].
+    open_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    open_acc: np.ndarray = field(default_factory=lambda: np.empty((0, _ACC_COLS), np.int64))
 
     def empty_buffer(self) -> dict[str, np.ndarray]:
         return {f: np.empty(0, np.int64) for f in _FIELDS}
@@ -193,7 +198,8 @@ class StepEngine:
         """Consume one chunk; return ``{"rows", "steps", "final"}`` that became certain.
 
         rows/steps: event ids and their step ids (-1 before the first step); final: list of
-        per-rank step summaries (dicts) now final.
+        columnar blocks of per-rank step summaries now final (``summaries_frame`` joins them):
+        arrays SUMMARY_COLUMNS plus ``comm_ns`` (steps x roles) and ``method``.
         """
         n = len(chunk["rank"])
         ev_all = {f: np.asarray(chunk[f], dtype=np.int64) for f in _FIELDS if f in chunk}
@@ -238,7 +244,7 @@ class StepEngine:
     def _feed_rank(self, r: int, ev: dict[str, np.ndarray], flush: bool) -> tuple[np.ndarray, np.ndarray, list]:
         state = self.ranks.get(r)
         if state is None:
-            state = self.ranks[r] = _Rank(buffer=None, open_steps={})
+            state = self.ranks[r] = _Rank(buffer=None)
         if state.buffer is not None and len(state.buffer["row"]):
             ev = _cat(state.buffer, ev)
         state.buffer = None
@@ -268,62 +274,57 @@ class StepEngine:
         final = self._finalise(r, state, flush)
         return ev["row"], step, final
 
-    def _accumulate(
-        self, state: _Rank, ev: dict[str, np.ndarray], step: np.ndarray, starts: np.ndarray, base: int
-    ) -> None:
+    def _accumulate(self, state: _Rank, ev: dict[str, np.ndarray], step: np.ndarray, starts: np.ndarray, base: int) -> None:
         m = len(step)
         if m == 0:
             return
-        assert state.open_steps is not None
         k = step - base  # 0 = the step already open, 1.. = steps opened in this batch
-        nk = int(k.max()) + 1
-        n_ev = np.bincount(k, minlength=nk)
-        wait = np.bincount(k, weights=ev["wait_ns"], minlength=nk)
+        nk = int(starts.size) + 1
+        acc = np.zeros((nk, _ACC_COLS), np.int64)
+        acc[:, 2] = np.bincount(k, minlength=nk)
+        acc[:, 3] = np.bincount(k, weights=ev["wait_ns"], minlength=nk).astype(np.int64)
         dur = (ev["end_ns"] - ev["start_ns"]).astype(np.float64)
-        comm = np.bincount(k * N_ROLES + ev["role"], weights=dur, minlength=nk * N_ROLES).reshape(nk, N_ROLES)
+        acc[:, 4:] = np.bincount(k * N_ROLES + ev["role"], weights=dur, minlength=nk * N_ROLES).reshape(nk, N_ROLES)
         last_end = np.full(nk, np.iinfo(np.int64).min)
         np.maximum.at(last_end, k, ev["end_ns"])
-        first_start = np.full(nk, -1, np.int64)
-        if starts.size:
-            first_start[1 : 1 + starts.size] = ev["start_ns"][starts]
-        for j in range(nk):  # one iteration per step, not per event
-            if n_ev[j] == 0 and j == 0:
-                continue
-            s = base + j
-            if s < 0:
-                continue  # events before the first step opens belong to no step
-            acc = state.open_steps.get(s)
-            if acc is None:
-                acc = state.open_steps[s] = [int(first_start[j]), int(last_end[j]), 0, 0, [0] * N_ROLES]
-            acc[1] = max(acc[1], int(last_end[j]))
-            acc[2] += int(n_ev[j])
-            acc[3] += int(wait[j])
-            acc[4] = [a + int(b) for a, b in zip(acc[4], comm[j], strict=True)]
+        acc[:, 1] = last_end
+        acc[1:, 0] = ev["start_ns"][starts]
+        if base >= 0 and acc[0, 2] and state.open_ids.size and state.open_ids[-1] == base:
+            # Merge into the step that was already open (the newest open row).
+            cur = state.open_acc[-1]
+            cur[1] = max(cur[1], acc[0, 1])
+            cur[2:] += acc[0, 2:]
+        if nk > 1:
+            state.open_ids = np.concatenate((state.open_ids, base + np.arange(1, nk, dtype=np.int64)))
+            state.open_acc = np.concatenate((state.open_acc, acc[1:]))
         state.step = base + int(starts.size)
 
     def _finalise(self, r: int, state: _Rank, flush: bool) -> list[dict]:
-        assert state.open_steps is not None
-        done = []
-        for s in sorted(state.open_steps):
-            if not flush and s > state.step - self.window:
-                break
-            acc = state.open_steps.pop(s)
-            nxt = state.open_steps.get(s + 1)
-            end = nxt[0] if nxt is not None else acc[1]
-            done.append(
-                {
-                    "rank": r,
-                    "step": s,
-                    "start_ns": acc[0],
-                    "end_ns": end,
-                    "last_op_end_ns": acc[1],
-                    "n_ops": acc[2],
-                    "wait_ns": acc[3],
-                    "comm_ns": {ROLES[i]: v for i, v in enumerate(acc[4]) if v},
-                    "method": state.method,
-                }
-            )
-        return done
+        ids = state.open_ids
+        if ids.size == 0:
+            return []
+        cut = ids.size if flush else int(np.searchsorted(ids, state.step - self.window, side="right"))
+        if cut == 0:
+            return []
+        acc = state.open_acc
+        # A step ends where the next one starts on this rank; the newest ends at its last operation.
+        nxt_start = np.empty(ids.size, np.int64)
+        nxt_start[:-1] = acc[1:, 0]
+        nxt_start[-1] = acc[-1, 1]
+        block = {
+            "rank": np.full(cut, r, np.int64),
+            "step": ids[:cut].copy(),
+            "start_ns": acc[:cut, 0].copy(),
+            "end_ns": nxt_start[:cut],
+            "last_op_end_ns": acc[:cut, 1].copy(),
+            "n_ops": acc[:cut, 2].copy(),
+            "wait_ns": acc[:cut, 3].copy(),
+            "comm_ns": acc[:cut, 4:].copy(),
+            "method": state.method,
+        }
+        state.open_ids = ids[cut:].copy()
+        state.open_acc = acc[cut:].copy()
+        return [block]
 
     # ----------------------------------------------------------------- checkpoints
     def checkpoint(self) -> bytes:
@@ -339,7 +340,8 @@ class StepEngine:
                 "buffer": None
                 if st.buffer is None
                 else {f: base64.b64encode(st.buffer[f].astype("<i8").tobytes()).decode() for f in _FIELDS},
-                "open_steps": {str(s): v for s, v in (st.open_steps or {}).items()},
+                "open_ids": st.open_ids.tolist(),
+                "open_acc": st.open_acc.tolist(),
             }
         doc = {
             "version": CHECKPOINT_VERSION,
@@ -384,11 +386,10 @@ class StepEngine:
                         (buf["role"] < 0) | (buf["role"] >= N_ROLES)
                     ):
                         raise CheckpointError("checkpoint buffer holds invalid signatures")
-                open_steps = {}
-                for s, v in st["open_steps"].items():
-                    if not (isinstance(v, list) and len(v) == 5 and isinstance(v[4], list) and len(v[4]) == N_ROLES):
-                        raise CheckpointError("checkpoint step accumulator is malformed")
-                    open_steps[int(s)] = [int(v[0]), int(v[1]), int(v[2]), int(v[3]), [int(x) for x in v[4]]]
+                open_ids = np.asarray(st["open_ids"], dtype=np.int64).reshape(-1)
+                open_acc = np.asarray(st["open_acc"], dtype=np.int64).reshape(-1, _ACC_COLS)
+                if open_ids.size != open_acc.shape[0] or np.any(np.diff(open_ids) != 1):
+                    raise CheckpointError("checkpoint open steps are malformed")
                 method = st["method"]
                 if method is not None and method not in ("period", "none") and method not in known:
                     raise CheckpointError(f"checkpoint rank uses unknown method {method!r}")
@@ -402,10 +403,24 @@ class StepEngine:
                     after_end=bool(st["after_end"]),
                     step=int(st["step"]),
                     buffer=buf,
-                    open_steps=open_steps,
+                    open_ids=open_ids,
+                    open_acc=open_acc,
                 )
         except CheckpointError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CheckpointError(f"checkpoint is malformed: {exc!r}") from exc
         return engine
+
+
+def summaries_frame(blocks: list[dict]) -> pl.DataFrame:
+    """One row per (rank, step) from the engine's ``final`` blocks; comm time per role as columns."""
+    if not blocks:
+        schema = {c: pl.Int64 for c in SUMMARY_COLUMNS} | {f"comm_{r}_ns": pl.Int64 for r in ROLES}
+        return pl.DataFrame(schema=schema | {"method": pl.String})
+    cols: dict[str, Any] = {c: np.concatenate([b[c] for b in blocks]) for c in SUMMARY_COLUMNS}
+    comm = np.concatenate([b["comm_ns"] for b in blocks])
+    for i, role in enumerate(ROLES):
+        cols[f"comm_{role}_ns"] = comm[:, i]
+    cols["method"] = np.concatenate([np.full(len(b["step"]), b["method"], dtype=object) for b in blocks]).astype(str)
+    return pl.DataFrame(cols)

@@ -18,8 +18,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from comminsight.semantic.engine import StepEngine
-from comminsight.semantic.roles import OP_CODE, ROLE_CODE, infer_roles, signatures
+from comminsight.semantic.engine import StepEngine, summaries_frame
+from comminsight.semantic.roles import OP_CODE, ROLE_CODE, ROLES, infer_roles, signatures
 from comminsight.semantic.templates import Template
 
 
@@ -198,33 +198,9 @@ def recover_steps(
 
 
 def _rank_frame(final: list[dict], cal: StepCalibration) -> pl.DataFrame:
-    if not final:
-        return pl.DataFrame(
-            schema={
-                "rank": pl.Int64,
-                "step": pl.Int64,
-                "start_ns": pl.Int64,
-                "end_ns": pl.Int64,
-                "last_op_end_ns": pl.Int64,
-                "n_ops": pl.Int64,
-                "wait_ns": pl.Int64,
-                "comm_ns": pl.Object,
-                "method": pl.String,
-            }
-        )
-    frame = pl.DataFrame(
-        {
-            "rank": [f["rank"] for f in final],
-            "step": [cal.apply(f["step"]) for f in final],
-            "start_ns": [f["start_ns"] for f in final],
-            "end_ns": [f["end_ns"] for f in final],
-            "last_op_end_ns": [f["last_op_end_ns"] for f in final],
-            "n_ops": [f["n_ops"] for f in final],
-            "wait_ns": [f["wait_ns"] for f in final],
-            "comm_ns": [json.dumps(f["comm_ns"]) for f in final],
-            "method": [f["method"] for f in final],
-        }
-    )
+    frame = summaries_frame(final)
+    if cal.offset:
+        frame = frame.with_columns(pl.when(pl.col("step") >= 0).then(pl.col("step") + cal.offset).otherwise(pl.col("step")))
     return frame.sort("step", "rank")
 
 
@@ -232,8 +208,9 @@ def job_steps(rank_steps: pl.DataFrame) -> list[dict]:
     """Job-level steps: earliest start, latest end over ranks, with per-rank details."""
     if rank_steps.height == 0:
         return []
+    roles = [r for r in ROLES if f"comm_{r}_ns" in rank_steps.columns]
     out = []
-    for step, group in rank_steps.group_by("step", maintain_order=True):
+    for (step,), group in rank_steps.group_by("step", maintain_order=True):  # one iteration per step
         start = int(group.get_column("start_ns").to_numpy().min())
         end = int(group.get_column("end_ns").to_numpy().max())
         ranks = {}
@@ -243,10 +220,8 @@ def job_steps(rank_steps: pl.DataFrame) -> list[dict]:
                 "end_ns": row["end_ns"],
                 "duration_ms": (row["end_ns"] - row["start_ns"]) / 1e6,
                 "n_ops": row["n_ops"],
-                "comm_ms": {k: v / 1e6 for k, v in json.loads(row["comm_ns"]).items()},
+                "comm_ms": {r: row[f"comm_{r}_ns"] / 1e6 for r in roles if row[f"comm_{r}_ns"]},
                 "exposed_wait_ms": row["wait_ns"] / 1e6,
             }
-        out.append(
-            {"step": int(step[0]), "start_ns": start, "end_ns": end, "duration_ms": (end - start) / 1e6, "ranks": ranks}
-        )
+        out.append({"step": int(step), "start_ns": start, "end_ns": end, "duration_ms": (end - start) / 1e6, "ranks": ranks})
     return sorted(out, key=lambda s: s["step"])

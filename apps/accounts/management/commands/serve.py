@@ -9,9 +9,9 @@ import logging
 import threading
 
 from django.conf import settings
-from django.db import close_old_connections
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import close_old_connections
 
 from apps.accounts import services
 
