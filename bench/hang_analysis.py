@@ -73,9 +73,11 @@ def evidence(layer_sizes: list[int], window: int, hung: int, seed: int = 0) -> p
         )
     table = pa.concat_tables(parts)
     end = table.column("end_ns")
-    table = table.set_column(table.schema.get_field_index("end_ns"), "end_ns", pa.compute.if_else(
-        pa.compute.equal(end, 0), pa.scalar(None, pa.int64()), end
-    ))
+    table = table.set_column(
+        table.schema.get_field_index("end_ns"),
+        "end_ns",
+        pa.compute.if_else(pa.compute.equal(end, 0), pa.scalar(None, pa.int64()), end),
+    )
     return conform(table)
 
 
@@ -126,7 +128,9 @@ def main() -> None:
         "8 comms x 16,384 ranks": [WORLD] * 8,
         "8 layers (Megatron-like)": [WORLD, 8, 4, 512, 64, 2, 16, 128],
     }
-    table_out = Table(title=f"Hang analysis, {WORLD:,} ranks, window {args.window} ops/rank/comm (best of {args.repeat})")
+    table_out = Table(
+        title=f"Hang analysis, {WORLD:,} ranks, window {args.window} ops/rank/comm (best of {args.repeat})"
+    )
     for column in ("evidence set", "rows", "comms", "comminsight s", "naive loop s", "speed-up", "answer"):
         table_out.add_column(column, justify="right")
     for name, layers in sets.items():

@@ -23,11 +23,11 @@ import numpy as np
 import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "semantic"))
-import synthetic  # noqa: E402
+import synthetic
 
-from comminsight.semantic import StepEngine, builtin_templates, prepare_events  # noqa: E402
-from comminsight.semantic.roles import ROLES  # noqa: E402
-from comminsight.semantic.templates import END, NEUTRAL, START  # noqa: E402
+from comminsight.semantic import StepEngine, builtin_templates, prepare_events
+from comminsight.semantic.roles import ROLES
+from comminsight.semantic.templates import END, NEUTRAL, START
 
 
 def tiled_events(n_events: int) -> dict[str, np.ndarray]:
@@ -97,7 +97,34 @@ def throughput(n_events: int) -> None:
     print(f"events: {n:,} over {np.unique(events['rank']).size} ranks, {steps:,} rank-steps")
     print(f"engine (numpy, chunks of {chunk:,}): {n / engine_s / 1e6:7.1f} M events/s per core (CPU time)")
     print(f"naive per-event Python loop:        {n / naive_s / 1e6:7.1f} M events/s per core (extrapolated from 2M)")
-    print(f"ratio engine / naive: {naive_s / engine_s:.1f}x   target >= 10 M events/s: {'met' if n / engine_s >= 10e6 else 'NOT met'}")
+    print(
+        f"ratio engine / naive: {naive_s / engine_s:.1f}x   "
+        f"target >= 10 M events/s: {'met' if n / engine_s >= 10e6 else 'NOT met'}"
+    )
+
+
+def end_to_end(n_rows: int) -> None:
+    """recover_steps on an operations table: preparing signatures from Arrow columns included."""
+    from comminsight.semantic import recover_steps
+
+    base = pl.from_arrow(synthetic.table("megatron", steps=4, seed=0))
+    span = int(base.get_column("end_ns").max() - base.get_column("start_ns").min())
+    reps = max(1, n_rows // base.height)
+    table = pl.concat(
+        [
+            base.with_columns(
+                pl.col("start_ns") + i * span, pl.col("end_ns") + i * span, seq=pl.col("seq") + i * 10_000
+            )
+            for i in range(reps)
+        ]
+    ).with_columns(step=pl.lit(None, dtype=pl.Int64))
+    t0 = time.process_time()
+    report = recover_steps(table)
+    cpu = time.process_time() - t0
+    print(
+        f"\nend to end (operations table -> steps, {table.height:,} rows, method {report.method}): "
+        f"{table.height / cpu / 1e6:.1f} M rows/s per core (CPU time)"
+    )
 
 
 def memory_against_steps() -> None:
@@ -108,10 +135,14 @@ def memory_against_steps() -> None:
         tracemalloc.start()
         steps = 0
         for lo in range(0, events["rank"].size, 65_536):
-            steps += sum(len(b["step"]) for b in engine.feed({k: v[lo : lo + 65_536] for k, v in events.items()})["final"])
+            steps += sum(
+                len(b["step"]) for b in engine.feed({k: v[lo : lo + 65_536] for k, v in events.items()})["final"]
+            )
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        print(f"  {steps:>8,} rank-steps: peak {peak / 1e6:6.2f} MB, checkpoint {len(engine.checkpoint()) / 1e3:6.1f} kB")
+        print(
+            f"  {steps:>8,} rank-steps: peak {peak / 1e6:6.2f} MB, checkpoint {len(engine.checkpoint()) / 1e3:6.1f} kB"
+        )
 
 
 def main() -> None:
@@ -120,6 +151,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"semantic engine benchmark (pid {os.getpid()}, 1 process)")
     throughput(args.events)
+    end_to_end(args.events // 4)
     memory_against_steps()
 
 

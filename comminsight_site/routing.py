@@ -1,5 +1,9 @@
 """WebSocket routes (Channels). Consumers authenticate through the session and use the same selectors as pages."""
 
-from django.urls import URLPattern
+from django.urls import path
 
-websocket_urlpatterns: list[URLPattern] = []
+from apps.workloads.consumers import WorkloadStatusConsumer
+
+websocket_urlpatterns = [
+    path("ws/workloads/<int:workload_id>/", WorkloadStatusConsumer.as_asgi(), name="ws-workload-status"),
+]

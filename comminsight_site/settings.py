@@ -103,6 +103,8 @@ DATABASES = {"default": env.db_url("DATABASE_URL", default=f"sqlite:///{DATA_DIR
 DATABASES["default"]["TEST"] = {"NAME": env.str("COMMINSIGHT_TEST_DB_NAME", default=f"test_comminsight_{os.getpid()}")}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["TEST"] = {}
+    # Embedded mode: wait for a concurrent writer instead of failing at once.
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -124,6 +126,11 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_QUEUE", default="comminsight")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# With acks_late, a task whose worker died is redelivered after this many seconds (Redis transport):
+# longer than the longest task, so a slow ingest is not run twice needlessly (a duplicate would be harmless).
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env.int("COMMINSIGHT_INGEST_TASK_TIME_LIMIT_S", default=1800) + 600
+}
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {}  # filled below, once the intervals are read
 
@@ -242,5 +249,6 @@ CELERY_BEAT_SCHEDULE.update(
     {
         "discover-archives": {"task": "apps.workloads.tasks.discover_archives", "schedule": DISCOVERY_INTERVAL_S},
         "mark-lost-workloads": {"task": "apps.workloads.tasks.mark_lost_workloads", "schedule": 60.0},
+        "requeue-stale-archives": {"task": "apps.workloads.tasks.requeue_stale_archives", "schedule": 300.0},
     }
 )

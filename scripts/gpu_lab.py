@@ -18,6 +18,7 @@ PyTorch and numpy (the device machine has no project virtualenv).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -60,7 +61,8 @@ def worker(args: argparse.Namespace) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device("cuda:0")
     torch.cuda.set_device(device)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
+    timeout = datetime.timedelta(seconds=args.pg_timeout)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device, timeout=timeout)
     half = world // 2
     groups = [dist.new_group(list(range(half))), dist.new_group(list(range(half, world)))]
     mine = groups[0] if rank < half else groups[1]
@@ -75,9 +77,13 @@ def worker(args: argparse.Namespace) -> None:
     y = torch.randn(256, 16, device=device, generator=generator)
 
     times = []
-    for _ in range(args.warmup + args.steps):
+    for step in range(args.warmup + args.steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
+        if rank == args.hang_rank and step == args.hang_step:
+            # the injected fault: this rank never reaches the step's collectives, the others wait in them
+            print(f"rank {rank} stalls before step {step}", flush=True)
+            time.sleep(3600)
         loss = ((ddp(x) - y) ** 2).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -209,6 +215,31 @@ def check_logs(records: np.ndarray, world: int, subgroup_ops: int) -> dict:
     return report
 
 
+def hang_report(home: Path, world: int) -> dict:
+    """What the evidence says after the last rank stalled: where did the others wait, and which rank is missing."""
+    report: dict = {"evidence_files": sorted(p.name for p in (home / "hang_detection").glob("*.json"))}
+    waiting = {}
+    for path in (home / "hang_detection").glob("*.json"):
+        evidence = json.loads(path.read_text())
+        for op in evidence["operations"]:
+            waiting.setdefault((op["comm_hash"], op["func"], op["seq"]), set()).add((op["rank"], op["nranks"]))
+    report["waiting_ops"] = [
+        {"comm_hash": k[0], "func": k[1], "seq": k[2], "ranks": sorted(r for r, _ in v), "nranks": max(n for _, n in v)}
+        for k, v in sorted(waiting.items())
+    ]
+    records, _ = read_logs(home / "inspector_logs")
+    if len(records):
+        report["record_states"] = {
+            int(s): int(c) for s, c in zip(*np.unique(records["state"], return_counts=True), strict=True)
+        }
+    world_ops = [op for op in report["waiting_ops"] if op["nranks"] == world]
+    if world_ops:
+        missing = sorted(set(range(world)) - set(world_ops[0]["ranks"]))
+        report["diagnosis"] = f"ranks {world_ops[0]['ranks']} wait in {world_ops[0]['func']} seq {world_ops[0]['seq']}"
+        report["missing_ranks"] = missing
+    return report
+
+
 # ---------------------------------------------------------------- orchestration
 
 
@@ -218,7 +249,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_phase(name: str, plugin: str | None, args: argparse.Namespace, work: Path) -> dict:
+def run_phase(
+    name: str, plugin: str | None, args: argparse.Namespace, work: Path, hang: bool = False, timeout: float = 0
+) -> dict:
     """Runs the N ranks once; returns their results (step times) and the home used."""
     home = work / f"home_{name}"
     shutil.rmtree(home, ignore_errors=True)
@@ -236,6 +269,7 @@ def run_phase(name: str, plugin: str | None, args: argparse.Namespace, work: Pat
             NCCL_HOSTID=f"labhost{rank}",
             COMMINSIGHT_HOME=str(home),
             COMMINSIGHT_AGENT_AUTOSTART="0",
+            COMMINSIGHT_HANG_TIMEOUT_S=str(args.hang_timeout if hang else 300),
             PYTHONUNBUFFERED="1",
         )
         if plugin:
@@ -244,9 +278,13 @@ def run_phase(name: str, plugin: str | None, args: argparse.Namespace, work: Pat
         logs.append(log)
         cmd = [sys.executable, __file__, "--worker", "--result", str(work / f"{name}_rank{rank}.json")]
         cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+        if hang:
+            # tear-down mode: the watchdog aborts the communicators (NCCL calls the profiler's finalize)
+            env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+            cmd += ["--hang-rank", str(args.ranks - 1), "--hang-step", "3", "--pg-timeout", str(args.pg_timeout)]
         procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
     t0 = time.monotonic()
-    deadline = t0 + args.phase_timeout
+    deadline = t0 + (timeout or args.phase_timeout)
     codes = []
     for p in procs:
         try:
@@ -285,6 +323,11 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2, help="without/with pairs, alternating")
     parser.add_argument("--phase-timeout", type=float, default=150.0)
+    parser.add_argument("--hang", action="store_true", help="also run the hang scenario (last rank stalls)")
+    parser.add_argument("--hang-timeout", type=int, default=5, help="COMMINSIGHT_HANG_TIMEOUT_S in the hang run")
+    parser.add_argument("--hang-rank", type=int, default=-1, help=argparse.SUPPRESS)
+    parser.add_argument("--hang-step", type=int, default=-1, help=argparse.SUPPRESS)
+    parser.add_argument("--pg-timeout", type=float, default=600.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -342,6 +385,11 @@ def main() -> int:
     with open(out / "gpu_lab_ranks.log", "w") as combined:
         for log in sorted(work.glob("*_rank*.log")):
             combined.write(f"==== {log.name}\n{log.read_text(errors='replace')[-4000:]}\n")
+
+    if args.hang:
+        args.pg_timeout = 20.0
+        phase = run_phase("hang", plugin, args, work, hang=True, timeout=75)
+        summary["hang"] = hang_report(phase["home"], args.ranks)
 
     (out / "gpu_lab.json").write_text(json.dumps(summary, indent=2, default=str))
     proof = summary["proof"]

@@ -9,5 +9,12 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 make -C native/profiler clean all >"$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
-{ make -C native/profiler check 2>&1 | tail -25; make -C native/profiler bench 2>&1; } | tee "$OUT/native.txt"
+BENCH="./native/profiler/build/profiler_hotpath native/profiler/build/libnccl-profiler-comminsight.so native/profiler/build/libnccl-profiler-noop.so"
+{
+  make -C native/profiler check 2>&1 | grep -E "^ok|FAIL|passed|Sanitizer" | tail -25
+  make -C native/profiler bench 2>&1
+  for clock in tsc monotonic; do COMMINSIGHT_CLOCK=$clock $BENCH | tail -5; done
+  # diagnostic: the writer never drains during the runs (no cache lines shared with it)
+  echo "writer idle during the runs:"; COMMINSIGHT_WRITER_INTERVAL_MS=10000 $BENCH 20 500 | tail -5
+} | tee "$OUT/native.txt"
 python3 scripts/gpu_lab.py --plugin "$PWD/native/profiler/build/libnccl-profiler-comminsight.so" --out "$OUT" "$@"

@@ -20,7 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.utils import timezone
 
 from .models import AgentToken, BootstrapFailure, BootstrapToken, Role, User
@@ -141,6 +141,9 @@ def bootstrap_initialise(*, token: str, username: str, password: str, address: s
     except IntegrityError as exc:
         # Another initialisation committed root first.
         raise BootstrapError("This site is already initialised; the bootstrap token was used and is void.") from exc
+    except OperationalError as exc:
+        # SQLite (embedded mode) locks the table instead of waiting on the row lock.
+        raise BootstrapError("Another initialisation is in progress; reload the page and try again.") from exc
     if wrong:
         # Recorded outside the transaction above so the failure counts even though nothing else changed.
         BootstrapFailure.objects.create(address=address)

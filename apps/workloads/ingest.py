@@ -25,6 +25,7 @@ import logging
 import re
 import shutil
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -322,6 +323,15 @@ def archive_ingest(archive_id: int) -> str:
             shutil.rmtree(staged.staging, ignore_errors=True)
     logger.info("archive %s ingested: %d rows for workload %s", archive.sha256[:12], staged.rows, workload.pk)
     return ArchiveState.INGESTED
+
+
+def stale_stored_archives(older_than_s: float = 600, max_attempts: int = 10) -> list[int]:
+    """Archives still waiting for ingest long after they were stored (a lost task message, a crash in
+    embedded mode): their ids, for the periodic task to queue again. Ingest is idempotent, so a
+    duplicate is harmless."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    stale = Archive.objects.filter(state=ArchiveState.STORED, created_at__lt=cutoff, attempts__lt=max_attempts)
+    return list(stale.values_list("pk", flat=True)[:1000])
 
 
 def workload_parquet_files(workload: Workload) -> list[Path]:

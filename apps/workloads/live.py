@@ -11,6 +11,7 @@ Status rules (documented in docs/formats/upload.md):
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +22,8 @@ from django.utils import timezone
 from apps.accounts.models import AgentToken
 
 from .models import Node, Workload, WorkloadStatus
+
+logger = logging.getLogger(__name__)
 
 
 def live_summary(heartbeats: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -94,7 +97,27 @@ def live_record_heartbeat(*, token: AgentToken, heartbeat: dict[str, Any]) -> Wo
         workload.first_seen_at = workload.first_seen_at or now
         workload.last_seen_at = now
         workload.save()
+        transaction.on_commit(lambda: publish_status(workload))
     return workload
+
+
+def publish_status(workload: Workload) -> None:
+    """Tell open pages (WebSocket group of the workload) its new status; never fails the caller."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from .consumers import workload_group
+
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(
+            workload_group(workload.pk),
+            {"type": "workload.status", "status": workload.status, "summary": workload.live_summary},
+        )
+    except Exception:  # a broken channel layer must not lose the heartbeat
+        logger.exception("could not publish the status of workload %s", workload.pk)
 
 
 def mark_lost_workloads() -> int:

@@ -7,7 +7,7 @@ Every page, API view, download and websocket subscription starts from it, so "no
 from __future__ import annotations
 
 from django.contrib.auth.models import AnonymousUser
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery, Sum
 
 from apps.accounts.models import User
 
@@ -41,10 +41,15 @@ def workload_can_manage(user: User | AnonymousUser, workload: Workload) -> bool:
 
 def workloads_with_counts(workloads: QuerySet[Workload]) -> QuerySet[Workload]:
     """Annotate nodes, ranks and archives per workload for lists (one query)."""
+    # Archive bytes come from a subquery: summing across the joins above would multiply them.
+    archive_bytes = (
+        Archive.objects.filter(workload=OuterRef("pk")).values("workload").annotate(total=Sum("size")).values("total")
+    )
     return workloads.annotate(
         node_count=Count("nodes", distinct=True),
         rank_count=Count("ranks", distinct=True),
         archive_count=Count("archives", distinct=True),
+        archive_bytes=Subquery(archive_bytes),
     )
 
 

@@ -35,3 +35,12 @@ def discover_archives() -> int:
 def mark_lost_workloads() -> int:
     """Mark running/hung workloads whose agents went silent as lost."""
     return live.mark_lost_workloads()
+
+
+@shared_task(soft_time_limit=60, time_limit=90)
+def requeue_stale_archives() -> int:
+    """Queue ingest again for archives stored long ago and still not ingested (nothing is lost)."""
+    ids = ingest.stale_stored_archives()
+    for archive_id in ids:
+        ingest_archive.delay(archive_id)
+    return len(ids)

@@ -3,11 +3,13 @@ import "./styles.css";
 import { enhanceFilters } from "./filter";
 import { enhanceRelativeTimes } from "./relative-time";
 import { enhanceCopyButtons } from "./copy";
+import { enhanceLiveStatus } from "./live-status";
 
 function start(): void {
   enhanceFilters(document);
   enhanceRelativeTimes(document);
   enhanceCopyButtons(document);
+  enhanceLiveStatus(document);
 }
 
 if (document.readyState === "loading") {

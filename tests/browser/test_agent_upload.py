@@ -39,6 +39,7 @@ def test_agent_upload_appears_on_the_owners_workload_page(
     )
     SiteProvider(config).deliver(entry)  # raises unless the site confirmed this sha256
 
+    page.clock.install()  # lets the test move the page's polling timer forward
     page.goto(live_server.url + "/accounts/login/")
     page.fill("#id_username", "alice")
     page.fill("#id_password", PASSWORD)
@@ -52,4 +53,24 @@ def test_agent_upload_appears_on_the_owners_workload_page(
     assert "0x1234abcd5678ef00" in communicators
     assert "0, 1" in communicators
     assert "Ingested" in page.inner_text("#archives")
+    assert page.inner_text("#workload-status") == "No live data"
+
+    # The agent reports a hang; the open page picks it up on its next poll, without a reload.
+    import httpx
+
+    heartbeat = {
+        "workload_id": "llama-70b-run3",
+        "node": "10.0.0.1",
+        "communicators": [{"comm_hash": "0x1234abcd5678ef00", "last_completed_seq": 3, "lagging_ranks": [1]}],
+        "hang": [{"comm_hash": "0x1234abcd5678ef00", "ranks": [1]}],
+    }
+    sent = httpx.post(
+        live_server.url + "/api/v1/ingest/live/",
+        json=heartbeat,
+        headers={"Authorization": f"Bearer {personas.agent_secret}"},
+    )
+    assert sent.status_code == 202
+    page.clock.fast_forward("00:16")
+    page.wait_for_function("document.querySelector('#workload-status').dataset.status === 'hung'")
+    assert page.inner_text("#workload-status") == "Hung"
     page.screenshot(path=artifacts / "07-workload-detail.png", full_page=True)

@@ -75,3 +75,10 @@ def test_a_trace_without_collectives_is_refused(tmp_path):
     path.write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1}]}')
     with pytest.raises(EvidenceError, match="no NCCL operations"):
         load(path)
+
+
+def test_a_plain_json_trace_is_not_taken_for_a_flight_recorder_dump(kineto_public, tmp_path):
+    trace = json.loads(gzip.decompress(kineto_public.read_bytes()))
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))  # distributedInfo.pg_config sits in the first bytes
+    assert detect(path).name == "kineto"

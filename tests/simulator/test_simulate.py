@@ -9,6 +9,7 @@ import json
 from collections import defaultdict
 
 import numpy as np
+import polars as pl
 import pytest
 
 from comminsight.formats import header
@@ -18,6 +19,7 @@ from simulator.rawlogs import read_home, text
 pytestmark = pytest.mark.slow
 
 COMPLETED = header.constants()["CI_STATE_COMPLETED"]
+CLOCK_SLACK_NS = 10_000_000
 
 
 def expected_ops(truth: dict) -> dict[int, list[dict]]:
@@ -56,8 +58,11 @@ def assert_every_operation_recorded(truth: dict, logs: dict[int, dict]) -> None:
             assert text(record["dtype"]) == op["coll_dtype"]
             assert int(record["gpu_end_ns"]) == op["gpu_end_ns"]
             assert int(record["gpu_start_ns"]) == op["gpu_start_ns"]
-            assert op["enqueue_start_ns"] <= int(record["enqueue_start_ns"]) <= int(record["enqueue_end_ns"])
-            assert int(record["enqueue_end_ns"]) <= op["enqueue_end_ns"]
+            # The plugin stamps CPU times with its own clock (TSC or a coarse clock, converted to
+            # CLOCK_REALTIME): they fall around the driver's call, within that clock's resolution.
+            assert int(record["enqueue_start_ns"]) <= int(record["enqueue_end_ns"])
+            assert op["enqueue_start_ns"] - CLOCK_SLACK_NS <= int(record["enqueue_start_ns"])
+            assert int(record["enqueue_end_ns"]) <= op["enqueue_end_ns"] + CLOCK_SLACK_NS
 
 
 def test_ddp_run_records_every_operation_of_every_rank(simulate) -> None:
@@ -75,6 +80,7 @@ def test_ddp_run_records_every_operation_of_every_rank(simulate) -> None:
     assert all(segment.endswith(".sealed") for entry in logs.values() for segment in entry["segments"])
     on_disk = json.loads(result.ground_truth_path.read_text())
     assert on_disk["communicators"][0]["ranks"] == [0, 1, 2, 3]
+    assert pl.DataFrame(on_disk["operations"]).height == sum(r["launches_enqueued"] for r in on_disk["ranks"])
 
 
 def test_fsdp_run_reports_allgather_in_bytes_of_int8(simulate) -> None:
@@ -94,7 +100,9 @@ def test_megatron_run_over_two_nodes_records_pipeline_p2p_and_skips_one_rank_gro
     logs = read_home(result.home)
 
     assert_every_operation_recorded(truth, logs)
-    assert {entry["node_ip"] for entry in logs.values()} == {"10.0.0.1", "10.0.0.2"}
+    assert [(logs[r]["node_ip"], logs[r]["local_rank"]) for r in range(4)] == [
+        ("10.0.0.1", 0), ("10.0.0.1", 1), ("10.0.0.2", 0), ("10.0.0.2", 1),
+    ]  # fmt: skip
     one_rank = {c["comm_hash"] for c in truth["communicators"] if c["nranks"] == 1}
     assert one_rank, "dp == 1 gives one-rank data-parallel groups"
     all_hashes = {f"{int(r['comm_hash']):#018x}" for entry in logs.values() for r in entry["records"]}
@@ -121,10 +129,10 @@ def test_abi_v4_with_null_comm_names_records_every_operation(simulate) -> None:
 
 
 def test_a_straggler_enqueues_last_and_waits_least_from_its_step(simulate) -> None:
-    result = simulate(layout="ddp", ranks=3, steps=4, step_ms=30.0, faults=(Straggler(1, 200.0, 2),))
+    result = simulate(layout="ddp", ranks=3, steps=4, step_ms=30.0, faults=(Straggler(1, 400.0, 2),))
     logs = read_home(result.home)
     truth = result.ground_truth
-    assert truth["faults"] == [{"rank": 1, "slow_pct": 200.0, "from_step": 2, "type": "straggler"}]
+    assert truth["faults"] == [{"rank": 1, "slow_pct": 400.0, "from_step": 2, "type": "straggler"}]
 
     ops = truth["operations"]
     first_bucket = {(ops["step"][i], ops["seq"][i]) for i in range(len(ops["rank"])) if ops["role"][i] == "grad_bucket"}
@@ -178,8 +186,8 @@ def test_a_crashed_rank_leaves_a_truncated_log_and_its_peers_stall(simulate) -> 
     assert not any(s.endswith(".sealed") for s in logs[0]["segments"]), "no finalize: the segment stays open"
     (blocked,) = truth["faults"][0]["blocked_ops"]
     crashed_seqs = {int(r["seq"]) for r in logs[0]["records"] if text(r["func"]) == blocked["func"]}
-    assert crashed_seqs
-    assert max(crashed_seqs) < blocked["seq"]
+    assert all(seq < blocked["seq"] for seq in crashed_seqs), "nothing from the crash point on"
+    assert len(logs[0]["records"]) < min(len(logs[r]["records"]) for r in (1, 2)), "the crashed log is truncated"
     for rank in (1, 2):
         record = recorded(logs[rank]["records"])[(blocked["comm_hash"], blocked["func"], blocked["seq"], rank)]
         assert record["state"] != COMPLETED

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from django.test import Client
 
 from apps.workloads import ingest
 from apps.workloads.discovery import discover_archives
@@ -200,8 +201,16 @@ def test_discovery_ingests_an_archive_dropped_in_the_path_without_moving_it(
     archive = Archive.objects.get()
     assert (archive.state, archive.owner, archive.path) == (ArchiveState.INGESTED, personas.bob, str(dropped))
     assert dropped.exists()
-    assert Workload.objects.get(external_id="job-7").owner == personas.bob
+    workload = Workload.objects.get(external_id="job-7")
+    assert workload.owner == personas.bob
     assert discover_archives() == 0
+    client = Client()
+    client.force_login(personas.bob)
+    listing = client.get("/workloads/").content.decode()
+    assert "1.1\xa0KB" in listing  # the archive's size
+    detail = client.get(f"/workloads/{workload.pk}/").content.decode()
+    assert archive.file_mtime.strftime("%Y-%m-%d %H:%M") in detail
+    assert "Found in the archive path" in detail
 
 
 def test_discovery_ignores_symlinks_and_a_missing_path(personas, tmp_path):
@@ -247,3 +256,18 @@ def test_discovered_file_is_not_hashed_again_while_unchanged(personas, tmp_path,
     monkeypatch.setattr(discovery, "file_sha256", lambda p: pytest.fail("re-hashed an unchanged file"))
     time.sleep(0)  # no waiting: the mtime is unchanged by construction
     assert discover_archives() == 0
+
+
+def test_archives_left_waiting_are_queued_again_and_ingested(personas, tmp_path):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.workloads.tasks import requeue_stale_archives
+
+    archive = register(valid_archive(tmp_path), personas.alice)  # its task message never ran (db fixture)
+    assert requeue_stale_archives() == 0  # too recent to call lost
+    Archive.objects.filter(pk=archive.pk).update(created_at=timezone.now() - timedelta(hours=1))
+    assert requeue_stale_archives() == 1
+    archive.refresh_from_db()
+    assert archive.state == ArchiveState.INGESTED

@@ -114,3 +114,25 @@ def test_stragglers_command_refuses_unreadable_evidence(tmp_path) -> None:
     result = CliRunner().invoke(app, ["analyze", "stragglers", str(bad)])
     assert result.exit_code == 2
     assert "end before they start" in result.output
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        pytest.param(lambda df: df.filter(pl.col("rank") == 0), id="one rank"),
+        pytest.param(lambda df: df.head(5), id="five operations"),
+        pytest.param(lambda df: df.filter(~((pl.col("rank") == 3) & (pl.col("step") > 5))), id="a rank stops early"),
+        pytest.param(lambda df: df.head(30).with_columns(start_ns=pl.lit(None, dtype=pl.Int64)), id="no times"),
+    ],
+)
+def test_incomplete_evidence_gives_a_report_without_inventing_culprits(cut) -> None:
+    df = cut(pl.from_arrow(synthetic.table("ddp", slow={}, seed=1)))
+    report = analyse_stragglers(df)
+    assert report.culprits == []
+    assert report.slowdown["ratio"] == pytest.approx(1.0, abs=0.05)
+
+
+def test_an_empty_table_is_refused_with_a_clear_error() -> None:
+    df = pl.from_arrow(synthetic.table("ddp", seed=1)).head(0)
+    with pytest.raises(ValueError, match="no operations"):
+        analyse_stragglers(df)

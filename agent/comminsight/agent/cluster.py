@@ -102,7 +102,7 @@ class ClusterView:
                 for func, seq in (p.get("completed_seq") or {}).items():
                     if isinstance(seq, int):
                         completed.setdefault(func, {})[r] = seq
-            lagging = set()
+            lagging: set[str] = set()
             for seqs in completed.values():
                 top = max(seqs.values())
                 lagging.update(r for r, s in seqs.items() if s < top)
@@ -118,9 +118,10 @@ class ClusterView:
                 agg["entered"] = agg["entered"] + [e for e in h.get("entered", []) if isinstance(e, dict)]
                 agg["oldest_age_s"] = max(agg.get("oldest_age_s", 0), h.get("oldest_age_s", 0))
         for (comm, func, seq), h in hangs.items():
-            m = merged.get(comm)
-            if not m:
+            found = merged.get(comm)
+            if not found:
                 continue
+            m = found
             entered = {int(e.get("rank", -1)) for e in h["entered"]}
             done = {int(r) for r, p in m["ranks"].items() if (p.get("completed_seq") or {}).get(func, -1) >= seq}
             observed = {int(r) for r in m["ranks"]}

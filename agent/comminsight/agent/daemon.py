@@ -24,6 +24,7 @@ from comminsight.agent.cluster import ClusterView
 from comminsight.agent.config import AgentConfig
 from comminsight.agent.ingest import Ingest, atomic_write_json
 from comminsight.agent.providers import build_providers
+from comminsight.agent.segments import pid_alive
 from comminsight.agent.server import AgentServer
 from comminsight.agent.spool import Spool
 from comminsight.agent.state import LiveState
@@ -221,7 +222,7 @@ class Agent:
             self.step()
             self.checkpoint()
             self.seal(final=True)
-            self.report_live()
+            self.report_live(final=True)
         except Exception:
             log.exception("final seal failed")
         deadline = time.monotonic() + FINAL_DELIVERY_S
@@ -310,12 +311,22 @@ class Agent:
             "hang": hangs or None,
         }
 
-    def report_live(self) -> None:
+    def report_live(self, final: bool = False) -> None:
         if self.reporter.target:
             payload = self.live_payload()
             if self.config.mode == "slave":
                 payload["hang"] = payload["hang"] or []
+            payload["finished"] = final and not self._writers_alive()
             self.reporter.post(payload)
+
+    def _writers_alive(self) -> bool:
+        """Whether any writer process of a ring on this node still runs (the job is not finished)."""
+        for ring in self.ingest.rings.values():
+            if not ring.reader.counters()["writer_closed"] and pid_alive(
+                ring.reader.info.writer_pid, self.ingest.proc_root
+            ):
+                return True
+        return False
 
     def health(self) -> dict[str, Any]:
         problems = []

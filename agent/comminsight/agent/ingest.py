@@ -85,6 +85,7 @@ class Ingest:
         self.segment_writers: dict[str, str] = {}
         self.counters = IngestCounters()
         self.ring_sources: set[str] = set()  # writers that currently have a ring
+        self._last_fingerprint: tuple[Any, ...] = ()
 
     # ---- checkpoint ----------------------------------------------------------------------------
     def restore(self) -> None:
@@ -111,7 +112,9 @@ class Ingest:
     def checkpoint(self) -> None:
         """Save state + cursors, then publish ring tails (the order is what makes restarts exactly-once)."""
         rings = {name: [r.reader.info.writer_start_ns, r.reader.cursor] for name, r in self.rings.items()}
-        # Keep cursors of rings we are not holding open (e.g. malformed now) so nothing is re-read later.
+        # Keep cursors of rings we are not holding open (e.g. malformed now) so nothing is re-read later;
+        # forget those whose file is gone.
+        self.saved_cursors = {n: v for n, v in self.saved_cursors.items() if (self.shms_dir / n).exists()}
         for name, (start, cursor) in self.saved_cursors.items():
             rings.setdefault(name, [start, cursor])
         live_segments = {
@@ -120,6 +123,14 @@ class Ingest:
             if (self.logs_dir / n).exists() or (self.logs_dir / (n + SEALED_SUFFIX)).exists()
         }
         self.segment_offsets = live_segments
+        fingerprint = (
+            self.state.records_applied,
+            len(self.state.inflight),
+            json.dumps(rings),
+            json.dumps(live_segments),
+        )
+        if fingerprint == self._last_fingerprint:
+            return  # nothing consumed since the last checkpoint: no write, tails already published
         atomic_write_json(
             self.checkpoint_path,
             {
@@ -132,6 +143,7 @@ class Ingest:
         )
         for ring in self.rings.values():
             ring.reader.publish()
+        self._last_fingerprint = fingerprint
 
     # ---- rings ---------------------------------------------------------------------------------
     def _report_bad(self, path: Path, message: str) -> bool:

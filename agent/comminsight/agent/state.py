@@ -22,6 +22,10 @@ import numpy as np
 import polars as pl
 
 from comminsight.formats import header
+from comminsight.formats.ring import Columns
+
+# A batch of records: a structured array (segments) or its columnar form (rings); both index by field name.
+Batch = np.ndarray | Columns
 
 # Bus bandwidth factor (DESIGN §6) by op name as the profiler writes it; n is the communicator size.
 _BUS_FACTOR = {
@@ -101,7 +105,7 @@ class LiveState:
         self.suspicions: dict[tuple[int, str, int], dict[str, Any]] = {}
 
     # ---- ingest -------------------------------------------------------------------------------
-    def fresh(self, writer: str, records: np.ndarray) -> np.ndarray:
+    def fresh(self, writer: str, records: Batch) -> Batch:
         """The records of ``writer`` not applied yet (by record_seq), so ring and log never double count."""
         if len(records) == 0:
             return records
@@ -110,7 +114,7 @@ class LiveState:
             records = records[records["record_seq"].astype(np.int64) > seen]
         return records
 
-    def apply(self, writer: str, records: np.ndarray) -> int:
+    def apply(self, writer: str, records: Batch) -> int:
         """Fold a batch of verified records from one writer into the state; returns records applied."""
         records = self.fresh(writer, records)
         n = len(records)
@@ -237,7 +241,7 @@ class LiveState:
         return max(self.hang_floor_s, self.hang_factor * normal)
 
     def detect_hangs(self, now_ns: int | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Re-evaluate suspicions; returns (all current suspicions, the ones new since the last call)."""
+        """Re-evaluate suspicions; returns (all current, sorted by communicator and seq; the new or changed ones)."""
         now_ns = now_ns or time.time_ns()
         with self.lock:
             groups: dict[tuple[int, str, int], list[InFlight]] = {}
@@ -281,14 +285,26 @@ class LiveState:
                     "not_observed": sorted(set(range(c.nranks)) - observed) if c.nranks else [],
                     "last_completed": {str(r): list(c.ranks[r].last_completed) for r in sorted(never)},
                 }
-            new = [v for k, v in current.items() if k not in self.suspicions]
-            self.suspicions = current
-            return list(current.values()), new
+            # Per communicator, the lowest stuck seq is where progress stopped; later ones queue behind it.
+            lowest: dict[int, int] = {}
+            for comm_hash, _, seq in current:
+                lowest[comm_hash] = min(seq, lowest.get(comm_hash, seq))
+            for (comm_hash, _, seq), suspicion in current.items():
+                suspicion["earliest_on_communicator"] = seq == lowest[comm_hash]
+            # New, or changed membership: ranks' in-flight snapshots arrive a little apart, so a rank
+            # first listed as never entered may turn out to have entered; the evidence is re-issued.
+            new = [
+                v
+                for k, v in current.items()
+                if k not in self.suspicions or self.suspicions[k]["never_entered"] != v["never_entered"]
+            ]
+            self.suspicions = dict(sorted(current.items()))
+            return list(self.suspicions.values()), new
 
     # ---- views ---------------------------------------------------------------------------------
     def lagging_ranks(self, c: Communicator) -> list[int]:
         """Ranks whose last completion is behind the communicator's most advanced rank, per op."""
-        lagging = set()
+        lagging: set[int] = set()
         funcs = {f for rp in c.ranks.values() for f in rp.completed_seq}
         for func in funcs:
             seqs = {r: rp.completed_seq.get(func, -1) for r, rp in c.ranks.items()}

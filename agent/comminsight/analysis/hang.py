@@ -62,10 +62,8 @@ def _frame(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
         "record_id",
     ]
     # Only the columns used here cross from Arrow to polars, without re-chunking.
-    if isinstance(table, pl.DataFrame):
-        df = table.select(keep)
-    else:
-        df = pl.from_arrow(table.select(keep), rechunk=False)
+    selected = table.select(keep)
+    df = selected if isinstance(selected, pl.DataFrame) else pl.from_arrow(selected, rechunk=False)
     assert isinstance(df, pl.DataFrame)
     return df.filter(pl.col("op") != "compute").with_row_index("_row")
 
@@ -97,6 +95,7 @@ def _per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
             (pl.col("state") == "abandoned").alias("abandoned"),
             "comm_desc",
             "comm_size",
+            pl.when(real).then(pl.col("_row")).alias("real_row"),
         )
         .group_by(keys)
         .agg(
@@ -104,8 +103,12 @@ def _per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
             # Completion is in order within a stream: the highest completed seq is a watermark.
             pl.col("seq_done").max().alias("watermark"),
             pl.col("t_real").max().alias("last_t"),
+            # The latest recorded op of this stream (sources record in order); across streams the
+            # rank's last op is the one from the stream with the latest time (_rank_activity).
+            pl.col("real_row").max().alias("last_row"),
             pl.col("abandoned").sum().alias("abandoned"),
-            pl.col("comm_desc").max().alias("comm_desc"),
+            # Constant per communicator; first() keeps the aggregation on polars' fast path.
+            pl.col("comm_desc").first().alias("comm_desc"),
             pl.col("comm_size").max().alias("comm_size"),
         )
     )
@@ -118,16 +121,8 @@ def _per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
         .group_by(keys)
         .agg(pl.col("seq").min().alias("first_pending"))
     )
-    per_rank = per_rank.join(pending, on=keys, how="left")
-    # The row of each rank's latest real op (for "what it was doing last").
-    latest = (
-        coll.select("rank", "_row", pl.when(real).then(_TIME.fill_null(_NO_TIME)).alias("t"))
-        .join(per_rank.group_by("rank").agg(pl.col("last_t").max().alias("t")), on=["rank", "t"], how="semi")
-        .group_by("rank")
-        .agg(pl.col("_row").max().alias("last_row"))
-    )
-    return per_rank.join(latest, on="rank", how="left").with_columns(
-        pl.when(pl.col("last_t") == pl.col("last_t").max().over("rank")).then(pl.col("last_row")).alias("last_row")
+    return per_rank.join(pending, on=keys, how="left").with_columns(
+        pl.when(pl.col("last_t").is_not_null()).then(pl.col("last_row")).alias("last_row")
     )
 
 
@@ -143,11 +138,15 @@ def _members(per_rank: pl.DataFrame, rest: pl.DataFrame, df: pl.DataFrame) -> tu
     )
     seen = pl.concat([per_rank.select("comm_id", "rank"), rest.select("comm_id", "rank")])
     members = pl.concat([listed.select("comm_id", pl.col("rank").cast(pl.Int32)), seen]).unique()
-    info = pl.concat(
-        [per_rank.select("comm_id", "comm_desc", "comm_size"), rest.select("comm_id", "comm_desc", "comm_size")]
-    ).group_by("comm_id").agg(
-        pl.col("comm_desc").drop_nulls().first().alias("comm_desc"),
-        pl.col("comm_size").max().alias("comm_size"),
+    info = (
+        pl.concat(
+            [per_rank.select("comm_id", "comm_desc", "comm_size"), rest.select("comm_id", "comm_desc", "comm_size")]
+        )
+        .group_by("comm_id")
+        .agg(
+            pl.col("comm_desc").drop_nulls().first().alias("comm_desc"),
+            pl.col("comm_size").max().alias("comm_size"),
+        )
     )
     return members, info
 
@@ -164,11 +163,15 @@ def _rank_activity(per_rank: pl.DataFrame, rest: pl.DataFrame) -> pl.DataFrame:
         [per_rank.select("rank", "last_t", "last_row", pl.col("abandoned").cast(pl.UInt32)), real],
         how="vertical_relaxed",
     ).filter(pl.col("last_row").is_not_null())
-    return both.group_by("rank").agg(
-        pl.col("last_t").max().alias("last_t"),
-        pl.col("last_row").filter(pl.col("last_t") == pl.col("last_t").max()).max().alias("last_row"),
-        pl.col("abandoned").sum().alias("abandoned"),
-    ).with_columns(pl.when(pl.col("last_t") > _NO_TIME).then(pl.col("last_t")).alias("last_activity_ns"))
+    return (
+        both.group_by("rank")
+        .agg(
+            pl.col("last_t").max().alias("last_t"),
+            pl.col("last_row").filter(pl.col("last_t") == pl.col("last_t").max()).max().alias("last_row"),
+            pl.col("abandoned").sum().alias("abandoned"),
+        )
+        .with_columns(pl.when(pl.col("last_t") > _NO_TIME).then(pl.col("last_t")).alias("last_activity_ns"))
+    )
 
 
 def _collective_streams(per_rank: pl.DataFrame, members: pl.DataFrame, evidence_ranks: list[int]) -> pl.DataFrame:
@@ -421,7 +424,7 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
     world = set(members.get_column("rank").unique().to_list()) | evidence_ranks
     no_evidence = sorted(world - evidence_ranks)
     activity = _rank_activity(per_rank, rest)
-    last_ns = dict(activity.select("rank", "last_activity_ns").iter_rows())
+    last_ns = dict(zip(activity["rank"].to_list(), activity["last_activity_ns"].to_list(), strict=True))
     desc_of = {c: d for c, d, _ in info.iter_rows()}
 
     grid = _collective_streams(per_rank, members, sorted(evidence_ranks))
@@ -543,13 +546,14 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
         if sends == recvs == 0:
             continue
         src, dst = int(row["src"]), int(row["dst"])
+        waiter: int | None
+        blocker: int | None
         if sends > recvs:
             waiter, blocker, op = src, dst, "send"
         elif recvs > sends:
             waiter, blocker, op = dst, src, "recv"
         else:
-            waiter = blocker = None
-            op = "send/recv"
+            waiter, blocker, op = None, None, "send/recv"
         kind = "p2p_unmatched" if blocker is not None else "p2p_inside"
         if waiter is not None and waiter in lagging_in:
             # The waiter's own completions stalled (its GPU stopped), so its pending P2P ops may well
@@ -615,11 +619,14 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
     if latest is not None:
         gap = int(silence_s * 1e9)
         stopped = sorted(r for r, t in last_ns.items() if t is not None and latest - t > gap)
-    abandoned = {str(r): int(n) for r, n in activity.select("rank", "abandoned").iter_rows() if n}
+    with_abandoned = activity.filter(pl.col("abandoned") > 0)
+    abandoned = dict(
+        zip(map(str, with_abandoned["rank"].to_list()), with_abandoned["abandoned"].to_list(), strict=True)
+    )
 
     # The chain: from each root outwards, which groups it blocks and who waits there.
-    chain = []
-    depth = {r: 0 for r in roots}
+    chain: list[dict[str, Any]] = []
+    depth = dict.fromkeys(roots, 0)
     queue = list(roots)
     reverse: dict[int, set[int]] = defaultdict(set)
     for w, bs in edges.items():
@@ -650,19 +657,10 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
     ]
     evidence: dict[str, dict] = {}
     root_set = set(roots)
-    for row in last_ops.iter_rows(named=True):
-        r = int(row["rank"])
-        evidence[str(r)] = {
-            "last_op": {
-                "group_id": row["comm_id"],
-                "group_desc": row["comm_desc"],
-                "op": row["op"],
-                "seq": row["seq"],
-                "state": row["state"],
-                "shape": row["shape"],
-                "dtype": row["dtype"],
-            }
-        }
+    fields = ("group_id", "group_desc", "op", "seq", "state", "shape", "dtype")
+    columns = ("comm_id", "comm_desc", "op", "seq", "state", "shape", "dtype")
+    for r, *values in zip(*(last_ops[c].to_list() for c in ("rank", *columns)), strict=True):
+        evidence[str(r)] = {"last_op": dict(zip(fields, values, strict=True))}
     for r in sorted(world):
         item = evidence.setdefault(str(r), {"last_op": None})
         if r in root_set:
@@ -701,7 +699,9 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
 
     if has_stuck:
         verdict = "hang"
-    elif no_evidence:
+    elif no_evidence or (activity.is_empty() and df.get_column("seq").null_count() == df.height):
+        # Ranks without evidence, or neither an operation nor a progress counter (only membership
+        # rows): nothing says whether the job moved on.
         verdict = "insufficient_evidence"
     else:
         verdict = "no_hang"
@@ -726,6 +726,8 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
 def _summary(verdict: str, roots: list[int], groups: list[dict], no_evidence: list[int], n_world: int) -> str:
     if verdict == "no_hang":
         return f"No hang: every operation entered by the {n_world} ranks in the evidence completed."
+    if verdict == "insufficient_evidence" and not no_evidence:
+        return "No operations or progress counters in the evidence, only group membership."
     if verdict == "insufficient_evidence":
         return f"No stuck operation seen, but {len(no_evidence)} member rank(s) left no evidence: " + ", ".join(
             map(str, no_evidence[:16])

@@ -1,6 +1,6 @@
 """Straggler attribution: who arrives late, who waits for whom, and how much faster without them.
 
-1. **Matching.** Each collective is matched across its members by (communicator, seq);
+1. **Matching.** Each collective is matched across its members by (communicator, op, seq);
    point-to-point operations by (communicator, sender, receiver, n-th transfer) when peers are
    known, else by completion time (a send and its receive finish together). Per member:
    arrival (start), lateness (arrival minus the earliest member's) and waiting (time inside the
@@ -19,7 +19,8 @@
    their gaps and local (compute) durations by the median of the other ranks for the same
    operation; the replayed step time with and without gives the slowdown attributed to them.
    Culprits are chosen greedily among single ranks and parallel-coordinate groups (a DP rank, a
-   PP stage, a TP rank) while removing the next one still saves ``min_gain`` of the step time;
+   PP stage, a TP rank) while removing the next one still saves ``min_gain`` of the step time
+   and at least 3x the median saving of single ranks (the jitter floor);
    among candidates saving at least 90% of the best saving, the one with the fewest ranks wins.
 """
 
@@ -34,6 +35,7 @@ import pyarrow as pa
 from comminsight.semantic.roles import infer_roles
 
 COORDS = ("dp_rank", "pp_rank", "tp_rank")
+NOISE_MULTIPLE = 3.0  # a culprit saves at least this many times the typical rank's saving
 P2P_WINDOW_NS = 2_000_000  # a receive ends within this of its send handing over
 
 
@@ -96,7 +98,7 @@ def match_operations(df: pl.DataFrame) -> pl.DataFrame:
     base = base.with_columns(arrival_ns=arrival, end_ns=pl.coalesce(pl.col("end_ns"), arrival))
     coll = base.filter(~pl.col("is_p2p") & (pl.col("op") != "compute") & (pl.col("comm_size").fill_null(2) > 1))
     coll = coll.with_columns(
-        key=pl.concat_str([pl.lit("c"), pl.col("comm_id"), pl.col("seq").cast(pl.String)], separator="|")
+        key=pl.concat_str([pl.lit("c"), pl.col("comm_id"), pl.col("op"), pl.col("seq").cast(pl.String)], separator="|")
     )
     pairs = _pair_p2p(base.filter(pl.col("is_p2p")))
     # A transfer is a two-member group (receive and its send) for lateness and waiting.
@@ -193,8 +195,16 @@ def _replay(ev: dict[str, np.ndarray], gap: np.ndarray, work: np.ndarray) -> np.
     safe_partner = np.maximum(partner, 0)
     n_groups = int(group.max()) + 1 if group.size else 0
     n_batches = int(batch.max()) + 1 if batch.size else 0
+    safe_prev = np.maximum(prev, 0)
+    waits_cpu, launch = ev["sync"], ev["launch"]
+    cpu = step_start.copy()
     for _ in range(max_iter):
-        arrive = np.where(first, step_start, end[np.maximum(prev, 0)]) + gap
+        # The host issues an operation a gap after issuing the previous one, or after the
+        # previous one completed when it waited for it; the device starts it once issued and
+        # once the previous one on the rank has ended.
+        base = np.where(first, step_start, np.where(waits_cpu, end[safe_prev], cpu[safe_prev]))
+        new_cpu = base + gap
+        arrive = np.maximum(new_cpu, np.where(first, -np.inf, end[safe_prev])) + launch
         last = np.full(n_groups, -np.inf)
         np.maximum.at(last, group, arrive)
         ready = last[group]
@@ -203,15 +213,21 @@ def _replay(ev: dict[str, np.ndarray], gap: np.ndarray, work: np.ndarray) -> np.
         batch_end = np.full(n_batches, -np.inf)
         np.maximum.at(batch_end, batch, own)
         new_end = batch_end[batch]
-        if np.array_equal(new_end, end):
+        if np.array_equal(new_end, end) and np.array_equal(new_cpu, cpu):
             break
-        end = new_end
+        end, cpu = new_end, new_cpu
     return end
 
 
 def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
     ev = df.join(matches.select("row", "group", "is_p2p", "last_arrival_ns", "partner_row"), on="row", how="left")
     ev = ev.filter(pl.col("_step") >= 0)
+    # Host-issue model when every communication event says when the host enqueued it (profiler
+    # evidence); compute rows are then step annotations, not work, and are left out.
+    comm = ev.filter(pl.col("op") != "compute")
+    issue_model = comm.height > 0 and comm.get_column("enqueue_ns").null_count() == 0
+    if issue_model:
+        ev = comm
     ev = ev.with_columns(s=pl.coalesce("start_ns", "enqueue_ns"), e=pl.coalesce("end_ns", "start_ns", "enqueue_ns"))
     ev = ev.filter(pl.col("s").is_not_null()).sort("rank", "_step", "s", "row")
     # What makes two ranks' operations "the same" for the what-if reference: the signature
@@ -282,7 +298,17 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     own_start = np.maximum(np.minimum(own_start, s), step_start)
     carry = np.where(prev < 0, own_start - step_start, 0.0)
     prev_end = np.where(prev >= 0, e[np.maximum(prev, 0)], own_start)
-    gap = np.maximum(s - prev_end, 0.0)
+    if issue_model:
+        q = ev.get_column("enqueue_ns").to_numpy().astype(np.float64)
+        q = np.minimum(q, s)
+        prev_q = np.where(prev >= 0, q[np.maximum(prev, 0)], own_start)
+        sync = (prev >= 0) & (q >= prev_end)  # issued only after the previous one ended: it waited
+        gap = np.maximum(q - np.where(sync | (prev < 0), prev_end, prev_q), 0.0)
+        launch = np.maximum(s - np.maximum(q, np.where(prev >= 0, prev_end, -np.inf)), 0.0)
+    else:
+        sync = np.ones(n, dtype=bool)
+        gap = np.maximum(s - prev_end, 0.0)
+        launch = np.zeros(n)
     last_arrival = ev.get_column("last_arrival_ns").to_numpy().astype(np.float64)
     ready = np.where(collective & ~np.isnan(last_arrival), np.maximum(s, last_arrival), s)
     ready = np.where(partner >= 0, np.maximum(ready, s[np.maximum(partner, 0)]), ready)
@@ -298,21 +324,51 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
         "partner": partner,
         "step_start": step_start,
         "carry": carry,
+        "sync": sync,
+        "launch": launch,
         "gap": gap,
         "work": work,
         "matched": collective | p2p,
         "rank": r,
         "step": st,
         "max_chain": np.int64(4 * int(counts.max(initial=1))),
+        "ref_key": ev.select(pl.struct("_step", "label", "occurrence").rank("dense").cast(pl.Int64) - 1)
+        .to_series()
+        .to_numpy(),
     }
+    # Sort orders for the what-if medians, computed once (the values never change, only the mask).
+    arrays["local_work"] = np.where(arrays["matched"], np.nan, work)
+    arrays["gap_order"] = np.lexsort((gap, arrays["ref_key"]))
+    arrays["work_order"] = np.lexsort((arrays["local_work"], arrays["ref_key"]))
     return ev, arrays
 
 
-def _reference(ev: pl.DataFrame, values: np.ndarray, culprit_mask: np.ndarray) -> np.ndarray:
-    """Median of ``values`` over the non-culprit ranks for the same (step, label, occurrence); NaN if none."""
-    frame = ev.select("_step", "label", "occurrence").with_columns(v=pl.Series(values), c=pl.Series(culprit_mask))
-    ref = frame.with_columns(ref=pl.col("v").filter(~pl.col("c")).median().over("_step", "label", "occurrence"))
-    return ref.get_column("ref").to_numpy().astype(np.float64)
+def _reference(
+    key: np.ndarray, values: np.ndarray, culprit_mask: np.ndarray, order: np.ndarray | None = None
+) -> np.ndarray:
+    """Median of ``values`` over the non-culprit events with the same reference key; NaN if none.
+
+    ``key`` is a dense id of (step, operation, occurrence). One sort, then the middle valid
+    element(s) of each key are picked by their running count: no Python per key or event.
+    """
+    n_keys = int(key.max()) + 1 if key.size else 0
+    valid = ~culprit_mask & ~np.isnan(values)
+    if order is None:
+        order = np.lexsort((values, key))
+    k, v, ok = key[order], values[order], valid[order]
+    count = np.bincount(k[ok], minlength=n_keys)
+    seen = np.cumsum(ok)
+    key_start = np.searchsorted(k, np.arange(n_keys))
+    before = np.concatenate(([0], seen))[key_start]
+    position = seen - before[k]  # 1-based position among this key's valid values
+    lo_pos, hi_pos = (count + 1) // 2, count // 2 + 1
+    lo = np.full(n_keys, np.nan)
+    hi = np.full(n_keys, np.nan)
+    pick = ok & (position == lo_pos[k])
+    lo[k[pick]] = v[pick]
+    pick = ok & (position == hi_pos[k])
+    hi[k[pick]] = v[pick]
+    return ((lo + hi) / 2.0)[key]
 
 
 def _step_times(arrays: dict[str, np.ndarray], end: np.ndarray) -> np.ndarray:
@@ -328,11 +384,11 @@ def _what_if(ev: pl.DataFrame, arrays: dict[str, np.ndarray], culprits: set[int]
     """Replayed total time with ``culprits`` made not slow."""
     mask = np.isin(arrays["rank"], list(culprits))
     gap, work = arrays["gap"].copy(), arrays["work"].copy()
-    ref_gap = _reference(ev, gap, mask)
+    ref_gap = _reference(arrays["ref_key"], gap, mask, arrays["gap_order"])
     ok = mask & ~np.isnan(ref_gap)
     gap[ok] = ref_gap[ok]  # "not slow" means "like the others", not "faster than everyone"
     local = ~arrays["matched"]
-    ref_work = _reference(ev, np.where(local, work, np.nan), mask)
+    ref_work = _reference(arrays["ref_key"], arrays["local_work"], mask, arrays["work_order"])
     ok = mask & local & ~np.isnan(ref_work)
     work[ok] = ref_work[ok]
     return float(_step_times(arrays, _replay(arrays, gap, work)).sum())
@@ -390,7 +446,9 @@ def analyse_stragglers(
         mean_lateness_ms=pl.col("lateness_ns").mean() / 1e6, waiting_ms=pl.col("wait_ns").sum() / 1e6
     )
     rank_stats = (
-        rank_stats.join(late_stats, on="rank", how="left").fill_null(0.0).sort("straggler_index", descending=True)
+        rank_stats.join(late_stats, on="rank", how="left")
+        .with_columns(pl.col("mean_lateness_ms", "waiting_ms").fill_null(0.0))
+        .sort("straggler_index", descending=True)
     )
 
     # Causal waiting: each waiting member -> the last arriver of that instance.
@@ -426,6 +484,8 @@ def analyse_stragglers(
         zip(rank_stats.get_column("rank").to_list(), rank_stats.get_column("straggler_index").to_list(), strict=True)
     )
     gains: dict[str, float] = {}
+    if observed.size == 0 or base_total <= 0:
+        candidates = []  # nothing timed to replay: no what-if, no culprits
     for name, members in candidates:
         total = _what_if(ev, arrays, members, base_total)
         gains[name] = base_total / total if total > 0 else 1.0
@@ -449,7 +509,11 @@ def analyse_stragglers(
         if not totals:
             break
         best_saving = current - min(totals.values())
-        if best_saving < min_gain * current:
+        # Making any rank "typical" trims run-to-run jitter a little; a culprit must stand out
+        # from that floor (the median saving over single ranks), not just clear min_gain.
+        singles = [current - t for n, t in totals.items() if n.startswith("rank=")]
+        floor = max(float(np.median(singles)), 0.0) if singles else 0.0
+        if best_saving < max(min_gain * current, NOISE_MULTIPLE * floor):
             break
         # Among candidates saving nearly as much as the best, blame the fewest ranks.
         near = [n for n, t in totals.items() if current - t >= 0.9 * best_saving]

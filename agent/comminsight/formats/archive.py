@@ -22,7 +22,7 @@ import tarfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import zstandard
 
@@ -90,8 +90,8 @@ def write_archive(dest: Path | str, manifest: dict[str, Any], members: Sequence[
     record_count. Members are written in the order given, after manifest.json.
     """
     dest = Path(dest)
-    entries = []
-    payloads = []
+    entries: list[dict[str, Any]] = []
+    payloads: list[bytes] = []
     for member in members:
         if not MEMBER_NAME.match(member.name) or member.name == "manifest.json":
             raise ArchiveError(f"member name {member.name!r} is not allowed in an archive")
@@ -137,7 +137,7 @@ def write_archive(dest: Path | str, manifest: dict[str, Any], members: Sequence[
             cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
             names = ["manifest.json", *(e["name"] for e in entries)]
             with (
-                cctx.stream_writer(hashing, closefd=False) as compressed,
+                cctx.stream_writer(cast(IO[bytes], hashing), closefd=False) as compressed,
                 tarfile.open(fileobj=compressed, mode="w|", format=tarfile.PAX_FORMAT) as tar,
             ):
                 for name, data in zip(names, [manifest_bytes, *payloads], strict=True):

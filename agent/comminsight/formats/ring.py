@@ -24,6 +24,7 @@ import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 
@@ -62,6 +63,10 @@ class Columns:
     def __len__(self) -> int:
         return self.n
 
+    @overload
+    def __getitem__(self, key: str) -> np.ndarray: ...
+    @overload
+    def __getitem__(self, key: np.ndarray) -> Columns: ...
     def __getitem__(self, key: str | np.ndarray) -> np.ndarray | Columns:
         if isinstance(key, str):
             return self.data[key]
@@ -170,6 +175,8 @@ class RingReader:
         self.capacity = int(hdr["capacity"])
         self._mask = self.capacity - 1
         fields = hdr_dtype.fields
+        assert fields is not None  # structured dtypes always have fields and names
+        assert self._rec_dtype.names is not None
         self._head_off = fields["head"][1]
         self._tail_off = fields["tail"][1]
         self._hdr_dtype = hdr_dtype
@@ -258,9 +265,9 @@ class RingReader:
         batch = Columns(out, n)
         corrupt = int(n - np.count_nonzero(ok))
         if corrupt:
-            batch = batch[ok]  # type: ignore[assignment]
+            batch = batch[ok]
         self.cursor = start + n
-        return RingBatch(batch, start, start + n, corrupt)  # type: ignore[arg-type]
+        return RingBatch(batch, start, start + n, corrupt)
 
     def publish(self, tail: int | None = None) -> None:
         """Publish ``tail`` (default: the cursor) so the producer may reuse the slots read."""
@@ -282,7 +289,9 @@ def columns(records: np.ndarray | Columns, names: tuple[str, ...] | None = None)
     """Columnar form of a record batch: one contiguous numpy array per field (strings stay fixed-width bytes)."""
     if isinstance(records, Columns):
         return records.data if names is None else {name: records.data[name] for name in names}
-    names = names or tuple(n for n in records.dtype.names if not n.startswith("_") and n not in ("magic", "checksum"))
+    names = names or tuple(
+        n for n in records.dtype.names or () if not n.startswith("_") and n not in ("magic", "checksum")
+    )
     return {name: np.ascontiguousarray(records[name]) for name in names}
 
 

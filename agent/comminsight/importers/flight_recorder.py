@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from comminsight.evidence import PROGRESS_OP
 from comminsight.importers import EvidenceError, Importer, register
-from comminsight.importers.columns import concat, to_table
+from comminsight.importers.columns import to_table
 from comminsight.importers.normalise import ITEMSIZE, dtype_name, op_name, shape_text, trailing_int
 
 NAME = "flight_recorder"
@@ -64,7 +64,9 @@ def _is_dump_file(path: Path) -> bool:
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
         return any(key in head for key in (b"version", b"pg_config", b"entries", b"pg_status"))
     stripped = head.lstrip()
-    if stripped.startswith(b"{") and b"traceEvents" not in head:
+    # Kineto traces also carry a "pg_config" (inside distributedInfo): tell them apart by their own keys.
+    kineto_keys = (b'"traceEvents"', b'"schemaVersion"', b'"distributedInfo"', b'"deviceProperties"')
+    if stripped.startswith(b"{") and not any(key in head for key in kineto_keys):
         return any(key in head for key in (b'"pg_config"', b'"pg_status"', b'"entries"'))
     return False
 
@@ -282,16 +284,19 @@ def _load_one(path: Path, dump: dict, columns: dict[str, list]) -> int:
         raise EvidenceError(f"{path}: 'pg_status' must be a dict")
     for key, watermark in status.items():
         try:
-            name = pg_names.get(int(key))
+            placed = pg_names.get(int(key))
         except (TypeError, ValueError):
-            name = None
-        if name is None or not isinstance(watermark, dict) or name not in last_kind:
+            placed = None
+        if placed is None or not isinstance(watermark, dict) or placed not in last_kind:
             continue
+        name = placed
         kind = last_kind[name][1]
         seqs = kind_seqs.get((name, kind), [])
         enqueued = watermark.get("last_enqueued_collective")
         completed = watermark.get("last_completed_collective")
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (enqueued, completed)):
+        if not (isinstance(enqueued, int) and isinstance(completed, int)):
+            continue
+        if isinstance(enqueued, bool) or isinstance(completed, bool):
             continue
         if not seqs or enqueued != max(seqs) or not (min(seqs) - 1 <= completed <= enqueued) or completed < 0:
             continue
@@ -351,19 +356,17 @@ def load(path: Path) -> pa.Table:
     files = _dump_files(path)
     if not files:
         raise EvidenceError(f"{path}: no Flight Recorder dump found")
-    tables = []
+    # One set of columns for all files, converted once: a bad file raises before anything is returned.
+    columns: dict[str, list] = {name: [] for name in _COLUMNS}
     seen: dict[int, Path] = {}
     for file in files:
         dump = _read(file)
-        columns: dict[str, list] = {name: [] for name in _COLUMNS}
         rank = _load_one(file, dump, columns)
         if rank in seen:
             raise EvidenceError(f"{file}: rank {rank} already read from {seen[rank].name}")
         seen[rank] = file
-        n = len(columns["rank"])
-        columns["source"] = [NAME] * n
-        tables.append(to_table(columns, file))
-    return concat(tables)
+    columns["source"] = [NAME] * len(columns["rank"])
+    return to_table(columns, path)
 
 
 register(Importer(NAME, detect, load))

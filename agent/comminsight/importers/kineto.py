@@ -20,6 +20,7 @@ import gzip
 import json
 import re
 import zlib
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -124,19 +125,36 @@ def _int_arg(args: dict, key: str) -> int | None:
     return None
 
 
-def _ranks(text: Any) -> list[int] | None:
-    if isinstance(text, list):
-        values = text
-    elif isinstance(text, str) and len(text) < (1 << 20):
-        try:
-            values = json.loads(text)
-        except ValueError:
-            return None
-    else:
-        return None
-    if isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        return values
+def _ranks(value: Any) -> list[int] | None:
+    """A process group's member list, from a list or its JSON text; None when it is neither."""
+    if isinstance(value, str):
+        return _ranks_text(value)
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return value
     return None
+
+
+@lru_cache(maxsize=4096)
+def _ranks_text(text: str) -> list[int] | None:
+    # Every kernel of a group repeats the same text: parse it once (callers never mutate the list).
+    if len(text) >= (1 << 20):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return _ranks(value) if isinstance(value, list) else None
+
+
+@lru_cache(maxsize=4096)
+def _kernel_traits(name: str) -> tuple[str | None, str | None, str | None]:
+    """(NCCL function, algorithm, protocol) from a kernel name, parsed once per distinct name."""
+    func, algo, proto = _KERNEL_FUNC.search(name), _ALGO.search(name), _PROTO.search(name)
+    return (
+        func.group(1) if func else None,
+        algo.group(1).upper() if algo else None,
+        proto.group(1).upper() if proto else None,
+    )
 
 
 def _rank_of(trace: dict, path: Path) -> int:
@@ -153,8 +171,9 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
     rank = _rank_of(trace, path)
     base = trace.get("baseTimeNanoseconds")
     base_ns = int(base) if isinstance(base, int) and not isinstance(base, bool) else 0
-    info = trace.get("distributedInfo") if isinstance(trace.get("distributedInfo"), dict) else {}
-    pg_desc = {}
+    info_value = trace.get("distributedInfo")
+    info: dict = info_value if isinstance(info_value, dict) else {}
+    pg_desc: dict[str, tuple[Any, list[int] | None]] = {}
     for pg in info.get("pg_config", []) or []:
         if isinstance(pg, dict) and "pg_name" in pg:
             pg_desc[str(pg["pg_name"])] = (pg.get("pg_desc"), _ranks(pg.get("ranks")))
@@ -169,7 +188,8 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
         if not isinstance(name, str):
             continue
         category = event.get("cat")
-        args = event.get("args") if isinstance(event.get("args"), dict) else {}
+        event_args = event.get("args")
+        args: dict = event_args if isinstance(event_args, dict) else {}
         if category == "kernel":
             if "Collective name" in args or name.startswith(("nccl", "ncclDev")):
                 kernels.append(event)
@@ -214,14 +234,16 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
     }
     enqueue_us: list[float] = []
     for kernel in kernels:
-        args = kernel.get("args") if isinstance(kernel.get("args"), dict) else {}
+        args_value = kernel.get("args")
+        args = args_value if isinstance(args_value, dict) else {}
         cpu = cpu_comms.get(args.get("External id"))
-        cpu_args = cpu.get("args", {}) if cpu else {}
+        cpu_args_value = cpu.get("args") if cpu else None
+        cpu_args: dict = cpu_args_value if isinstance(cpu_args_value, dict) else {}
         merged = {**cpu_args, **args}
         raw_op = merged.get("Collective name")
+        kernel_func, algo, proto = _kernel_traits(kernel["name"])
         if not isinstance(raw_op, str):
-            match = _KERNEL_FUNC.search(kernel["name"])
-            raw_op = match.group(1) if match else None
+            raw_op = kernel_func
         op = op_name(raw_op)
         is_p2p = op in ("send", "recv")
         group = merged.get("Process Group Name")
@@ -243,8 +265,6 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
             if peer is not None:
                 break
         size = _int_arg(merged, "Group size")
-        algo = _ALGO.search(kernel["name"])
-        proto = _PROTO.search(kernel["name"])
 
         columns["rank"].append(rank)
         columns["pid"].append(cpu.get("pid") if cpu and isinstance(cpu.get("pid"), int) else None)
@@ -268,8 +288,8 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
         columns["start_ns"].append(base_ns + round(ts * 1000))
         columns["end_ns"].append(base_ns + round((ts + (dur or 0.0)) * 1000))
         columns["stream"].append(_int_arg(args, "stream"))
-        columns["algo"].append(algo.group(1).upper() if algo else None)
-        columns["proto"].append(proto.group(1).upper() if proto else None)
+        columns["algo"].append(algo)
+        columns["proto"].append(proto)
         columns["record_id"].append(_int_arg(args, "External id"))
         enqueue_us.append(cpu_ts if cpu_ts is not None else ts)
 
@@ -282,13 +302,13 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
     if n and any(s is None for s in columns["seq"]):
         counters: dict[tuple[str, bool], int] = {}
         for i in range(n):
-            key = (columns["comm_id"][i], columns["is_p2p"][i])
-            counters[key] = counters.get(key, -1) + 1
+            group_key = (columns["comm_id"][i], columns["is_p2p"][i])
+            counters[group_key] = counters.get(group_key, -1) + 1
             if columns["seq"][i] is None:
-                columns["seq"][i] = counters[key]
+                columns["seq"][i] = counters[group_key]
 
     # Step labels: the ProfilerStep span the op was enqueued in (one vectorised search).
-    step = [None] * n
+    step: list[int | None] = [None] * n
     if steps and n:
         steps.sort()
         starts = np.array([s[0] for s in steps])
@@ -324,7 +344,8 @@ def load(path: Path) -> pa.Table:
     files = _trace_files(path)
     if not files:
         raise EvidenceError(f"{path}: no Kineto trace found")
-    tables, seen = [], {}
+    tables: list[pa.Table] = []
+    seen: dict[int, Path] = {}
     for file in files:
         trace = _read(file)
         table = _load_one(file, trace)

@@ -107,7 +107,8 @@ def _read(path: Path, columns: dict[str, list]) -> None:
                 raise EvidenceError(f"{where}: header.id must be the communicator id")
             comm_rank = _uint(header.get("rank"), "header.rank", where)
             n_ranks = _uint(header.get("n_ranks"), "header.n_ranks", where)
-            trace = payload.get("event_trace_ts") if isinstance(payload.get("event_trace_ts"), dict) else {}
+            trace_value = payload.get("event_trace_ts")
+            trace: dict = trace_value if isinstance(trace_value, dict) else {}
             kernels = [k for k in trace.get("kernel_events", []) or [] if isinstance(k, dict)]
             starts = [k["kernel_start_ts"] for k in kernels if isinstance(k.get("kernel_start_ts"), int)]
             stops = [k["kernel_stop_ts"] for k in kernels if isinstance(k.get("kernel_stop_ts"), int)]

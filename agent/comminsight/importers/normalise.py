@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 
 import numpy as np
 import pyarrow as pa
@@ -85,6 +86,7 @@ ITEMSIZE = {
 _NON_ALNUM = re.compile(r"[^a-z0-9]")
 
 
+@lru_cache(maxsize=65536)
 def op_name(raw: str | None) -> str:
     """The normalised op (one of evidence.OPS) for one source spelling; "other" when unknown."""
     if not raw:
@@ -102,6 +104,7 @@ def op_name(raw: str | None) -> str:
     return "other"
 
 
+@lru_cache(maxsize=4096)
 def dtype_name(raw: str | None) -> str | None:
     """The normalised dtype (lower case, e.g. "bfloat16") for one source spelling; None when empty."""
     if not raw:
@@ -148,6 +151,11 @@ def itemsizes(dtype_column: pa.Array) -> np.ndarray:
 
 def shape_text(shapes: Iterable[Iterable[int]]) -> str:
     """Canonical text of a list of tensor shapes, e.g. ``[[4027, 5120]]``."""
+    return _shape_text(tuple(tuple(shape) for shape in shapes))
+
+
+@lru_cache(maxsize=65536)
+def _shape_text(shapes: tuple[tuple[int, ...], ...]) -> str:
     return "[" + ", ".join("[" + ", ".join(str(int(d)) for d in shape) + "]" for shape in shapes) + "]"
 
 

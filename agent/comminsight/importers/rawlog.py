@@ -13,6 +13,7 @@ The segment reader here is deliberately small (``read_segment``); it can give wa
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +21,7 @@ import pyarrow.compute as pc
 
 from comminsight.formats.header import constants, record_dtype, struct_dtype, valid_records
 from comminsight.importers import EvidenceError, Importer, register
-from comminsight.importers.columns import concat, to_table
+from comminsight.importers.columns import to_table
 from comminsight.importers.normalise import dtypes, ops
 
 NAME = "rawlog"
@@ -86,8 +87,10 @@ def read_segment(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _text(column: np.ndarray) -> pa.Array:
-    strings = pa.array(np.char.decode(column, "utf-8", errors="replace").astype(object), pa.string())
-    return pc.if_else(pc.equal(strings, ""), pa.scalar(None, pa.string()), strings)
+    """Fixed-size char fields as strings (empty -> null), hashing in Arrow and decoding each distinct value once."""
+    encoded = pc.dictionary_encode(pa.array(column, pa.binary()))
+    decoded = [bytes(v).split(b"\0", 1)[0].decode("utf-8", "replace") or None for v in encoded.dictionary.to_pylist()]
+    return pa.array(decoded, pa.string()).take(encoded.indices)
 
 
 def _nonzero(column: np.ndarray) -> pa.Array:
@@ -95,44 +98,63 @@ def _nonzero(column: np.ndarray) -> pa.Array:
     return pa.array(values, mask=values == 0)
 
 
-def _segment_table(path: Path) -> pa.Table:
+def _header_text(header: Any, field: str) -> str | None:
+    return bytes(header[field]).split(b"\0", 1)[0].decode("utf-8", "replace") or None
+
+
+def _table(segments: list[Path], path: Path) -> pa.Table:
+    """All segments' valid records as one operations table (records concatenated, converted once)."""
     c = constants()
-    header, rec = read_segment(path)
+    parts, ranks, labels = [], [], []
+    for segment in segments:
+        header, records = read_segment(segment)
+        parts.append(records)
+        global_rank = int(header["global_rank"])
+        # RANK from the segment header; a process without RANK falls back on its communicator rank.
+        ranks.append(np.full(len(records), global_rank, np.int32) if global_rank >= 0 else records["rank"])
+        host = _header_text(header, "host")
+        labels.append((host, _header_text(header, "node_ip") or host, _header_text(header, "workload_id")))
+    counts = np.array([len(p) for p in parts], dtype=np.int64)
+    segment_of = pa.array(np.repeat(np.arange(len(parts), dtype=np.int32), counts))
+
+    def per_segment(index: int) -> pa.Array:
+        # A dictionary-encoded column: one string per segment, one int per record.
+        return pa.DictionaryArray.from_arrays(segment_of, pa.array([label[index] for label in labels], pa.string()))
+
+    def labelled(codes: np.ndarray, names: list[str]) -> pa.Array:
+        return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pa.array(names, pa.string()))
+
+    rec = np.concatenate(parts) if parts else np.zeros(0, record_dtype())
     n = len(rec)
-    global_rank = int(header["global_rank"])
-    rank = np.full(n, global_rank, np.int32) if global_rank >= 0 else rec["rank"].astype(np.int32)
     is_p2p = rec["kind"] == c["CI_KIND_P2P"]
     gpu_times = (rec["flags"] & c["CI_FLAG_GPU_TIMES"]) != 0
     state_code = rec["state"]
     started = gpu_times & (rec["gpu_start_ns"] > 0)
-    state = np.select(
-        [
-            state_code == c["CI_STATE_COMPLETED"],
-            state_code == c["CI_STATE_ABANDONED"],
-            (state_code == c["CI_STATE_TIMEOUT"]) & started,
-        ],
-        ["completed", "abandoned", "started"],
-        default="enqueued",
+    state = labelled(
+        np.select(
+            [
+                state_code == c["CI_STATE_COMPLETED"],
+                state_code == c["CI_STATE_ABANDONED"],
+                (state_code == c["CI_STATE_TIMEOUT"]) & started,
+            ],
+            [0, 1, 2],
+            default=3,
+        ),
+        ["completed", "abandoned", "started", "enqueued"],
     )
-    comm_hash = pa.array(rec["comm_hash"])
-    comm_id = pc.utf8_lower(
-        pa.array([f"0x{int(h):016x}" for h in pc.unique(comm_hash).to_pylist()], pa.string()).take(
-            pc.index_in(comm_hash, pc.unique(comm_hash))
-        )
-    )
+    encoded = pc.dictionary_encode(pa.array(rec["comm_hash"]))
+    comm_id = pa.array([f"0x{int(h):016x}" for h in encoded.dictionary.to_pylist()], pa.string()).take(encoded.indices)
     peer = rec["peer"].astype(np.int32)
     gpu_start = np.where(gpu_times, rec["gpu_start_ns"], 0)
     gpu_end = np.where(gpu_times, rec["gpu_end_ns"], 0)
     end = np.where(gpu_end > 0, gpu_end, rec["complete_ns"])
     device = rec["cuda_device"].astype(np.int32)
-    host = bytes(header["host"]).split(b"\0", 1)[0].decode("utf-8", "replace") or None
-    node = bytes(header["node_ip"]).split(b"\0", 1)[0].decode("utf-8", "replace") or host
-    workload = bytes(header["workload_id"]).split(b"\0", 1)[0].decode("utf-8", "replace") or None
+
     columns = {
-        "workload": [workload] * n,
-        "node": [node] * n,
-        "host": [host] * n,
-        "rank": rank,
+        "workload": per_segment(2),
+        "node": per_segment(1),
+        "host": per_segment(0),
+        "rank": np.concatenate(ranks).astype(np.int32) if ranks else np.zeros(0, np.int32),
         "pid": rec["pid"].astype(np.int32),
         "device": pa.array(device, mask=device < 0),
         "comm_id": comm_id,
@@ -143,7 +165,7 @@ def _segment_table(path: Path) -> pa.Table:
         "is_p2p": is_p2p,
         "seq": rec["seq"].astype(np.int64),
         # NCCL numbers collectives per function per communicator; the plugin numbers P2P per (func, peer).
-        "seq_kind": np.where(is_p2p, "p2p", "func"),
+        "seq_kind": labelled(is_p2p, ["func", "p2p"]),
         "count": rec["count"].astype(np.int64),
         "bytes": rec["bytes"].astype(np.int64),
         "dtype": dtypes(_text(rec["dtype"])),
@@ -157,7 +179,7 @@ def _segment_table(path: Path) -> pa.Table:
         "proto": _text(rec["proto"]),
         "n_channels": rec["n_channels"].astype(np.int32),
         "record_id": rec["record_seq"].astype(np.int64),
-        "source": [NAME] * n,
+        "source": labelled(np.zeros(n, np.int32), [NAME]),
     }
     return to_table(columns, path)
 
@@ -185,8 +207,9 @@ def load(path: Path) -> pa.Table:
     segments = _segments(path)
     if not segments:
         raise EvidenceError(f"{path}: no raw-log segments (*.cilog, *.cilog.sealed)")
-    table = concat([_segment_table(p) for p in segments])
-    return _peers_to_global(table) if table.num_rows else table
+    table = _table(segments, path)
+    has_p2p = table.num_rows and pc.any(table.column("is_p2p")).as_py()
+    return _peers_to_global(table) if has_p2p else table
 
 
 register(Importer(NAME, detect, load))

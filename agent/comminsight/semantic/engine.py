@@ -20,8 +20,8 @@ import base64
 import json
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
 from itertools import pairwise
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -274,7 +274,9 @@ class StepEngine:
         final = self._finalise(r, state, flush)
         return ev["row"], step, final
 
-    def _accumulate(self, state: _Rank, ev: dict[str, np.ndarray], step: np.ndarray, starts: np.ndarray, base: int) -> None:
+    def _accumulate(
+        self, state: _Rank, ev: dict[str, np.ndarray], step: np.ndarray, starts: np.ndarray, base: int
+    ) -> None:
         m = len(step)
         if m == 0:
             return

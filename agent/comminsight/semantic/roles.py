@@ -59,6 +59,13 @@ def infer_roles(table: pa.Table | pl.DataFrame) -> dict[str, str]:
     if df.height == 0:
         return {}
     world = df.get_column("rank").n_unique()
+    # Roles depend on communicators, not events: work on one row per (communicator, rank, op).
+    keep = [
+        c
+        for c in ("comm_id", "rank", "op", "is_p2p", "comm_desc", "comm_size", "comm_ranks", *_COORD_ROLE)
+        if c in df.columns
+    ]
+    df = df.select(keep).unique(subset=["comm_id", "rank", "op"], keep="first", maintain_order=True)
     coords = [c for c in _COORD_ROLE if c in df.columns and df.get_column(c).null_count() < df.height]
     rank_coords = (
         df.filter(pl.all_horizontal(pl.col(c).is_not_null() for c in coords))

@@ -94,7 +94,12 @@ def prepare_events(table: pa.Table | pl.DataFrame, wait_ns: np.ndarray | None = 
         _wait=pl.Series(wait_ns if wait_ns is not None else np.zeros(df.height, np.int64)).cast(pl.Int64)
     )
     df = df.filter((pl.col("op") != "compute") & pl.col("start_ns").is_not_null())
-    df = df.with_columns(pl.col("end_ns").fill_null(pl.col("start_ns"))).sort("rank", "start_ns", "row")
+    df = df.with_columns(pl.col("end_ns").fill_null(pl.col("start_ns")))
+    rank = df.get_column("rank").to_numpy()
+    start = df.get_column("start_ns").to_numpy()
+    d_rank, d_start = np.diff(rank), np.diff(start)
+    if np.any(d_rank < 0) or np.any((d_rank == 0) & (d_start < 0)):  # importers usually sort already
+        df = df.sort("rank", "start_ns", "row")
     role_code = df.get_column("comm_id").replace_strict(
         {k: ROLE_CODE[v] for k, v in roles.items()}, default=0, return_dtype=pl.Int64
     )
@@ -200,7 +205,9 @@ def recover_steps(
 def _rank_frame(final: list[dict], cal: StepCalibration) -> pl.DataFrame:
     frame = summaries_frame(final)
     if cal.offset:
-        frame = frame.with_columns(pl.when(pl.col("step") >= 0).then(pl.col("step") + cal.offset).otherwise(pl.col("step")))
+        frame = frame.with_columns(
+            pl.when(pl.col("step") >= 0).then(pl.col("step") + cal.offset).otherwise(pl.col("step"))
+        )
     return frame.sort("step", "rank")
 
 
@@ -209,19 +216,42 @@ def job_steps(rank_steps: pl.DataFrame) -> list[dict]:
     if rank_steps.height == 0:
         return []
     roles = [r for r in ROLES if f"comm_{r}_ns" in rank_steps.columns]
+    # Build the nested per-rank details column-wise; Python touches each (rank, step) once.
+    detail = rank_steps.select(
+        "step",
+        "start_ns",
+        "end_ns",
+        rank=pl.col("rank").cast(pl.String),
+        duration_ms=(pl.col("end_ns") - pl.col("start_ns")) / 1e6,
+        n_ops="n_ops",
+        exposed_wait_ms=pl.col("wait_ns") / 1e6,
+        **{f"comm_{r}": pl.col(f"comm_{r}_ns") / 1e6 for r in roles},
+    )
+    per_step = (
+        detail.group_by("step")
+        .agg(pl.col("start_ns").min().alias("s0"), pl.col("end_ns").max().alias("e0"), pl.all().exclude("step"))
+        .sort("step")
+    )
     out = []
-    for (step,), group in rank_steps.group_by("step", maintain_order=True):  # one iteration per step
-        start = int(group.get_column("start_ns").to_numpy().min())
-        end = int(group.get_column("end_ns").to_numpy().max())
+    for row in per_step.iter_rows(named=True):
         ranks = {}
-        for row in group.iter_rows(named=True):
-            ranks[str(row["rank"])] = {
-                "start_ns": row["start_ns"],
-                "end_ns": row["end_ns"],
-                "duration_ms": (row["end_ns"] - row["start_ns"]) / 1e6,
-                "n_ops": row["n_ops"],
-                "comm_ms": {r: row[f"comm_{r}_ns"] / 1e6 for r in roles if row[f"comm_{r}_ns"]},
-                "exposed_wait_ms": row["wait_ns"] / 1e6,
+        for i, rank in enumerate(row["rank"]):
+            ranks[rank] = {
+                "start_ns": row["start_ns"][i],
+                "end_ns": row["end_ns"][i],
+                "duration_ms": row["duration_ms"][i],
+                "n_ops": row["n_ops"][i],
+                "comm_ms": {r: row[f"comm_{r}"][i] for r in roles if row[f"comm_{r}"][i]},
+                "exposed_wait_ms": row["exposed_wait_ms"][i],
             }
-        out.append({"step": int(step), "start_ns": start, "end_ns": end, "duration_ms": (end - start) / 1e6, "ranks": ranks})
+        start, end = int(row["s0"]), int(row["e0"])
+        out.append(
+            {
+                "step": int(row["step"]),
+                "start_ns": start,
+                "end_ns": end,
+                "duration_ms": (end - start) / 1e6,
+                "ranks": ranks,
+            }
+        )
     return sorted(out, key=lambda s: s["step"])

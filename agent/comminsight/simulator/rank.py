@@ -20,12 +20,13 @@ import queue
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from comminsight.simulator.abi import load_plugin
 from comminsight.simulator.board import Aborted, Board, RankStatus
+from comminsight.simulator.driver import ProfilerDriver
 from comminsight.simulator.plan import (
     SETUP_STEP,
     Compute,
@@ -33,61 +34,10 @@ from comminsight.simulator.plan import (
     Hang,
     Launch,
     Plan,
-    SimulationConfig,
     build_plan,
     compute_durations,
-    config_from_dict,
-    config_to_dict,
 )
-
-EXIT_ABORTED = 3
-EXIT_FAILED = 4
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    """What the parent hands a rank process (as a JSON file named on its command line)."""
-
-    config: SimulationConfig
-    rank: int
-    plugin: str
-    home: str
-    board: str
-    journal: str
-
-    def to_json(self) -> str:
-        """The spec as JSON."""
-        data = {k: getattr(self, k) for k in ("rank", "plugin", "home", "board", "journal")}
-        return json.dumps({**data, "config": config_to_dict(self.config)})
-
-    @classmethod
-    def from_json(cls, text: str) -> RankSpec:
-        """Parse ``to_json``'s output."""
-        data = json.loads(text)
-        if not isinstance(data, dict) or set(data) != {"rank", "plugin", "home", "board", "journal", "config"}:
-            raise ValueError("a rank spec is an object with rank, plugin, home, board, journal and config")
-        spec = cls(config=config_from_dict(data.pop("config")), **data)
-        if not isinstance(spec.rank, int) or not 0 <= spec.rank < spec.config.ranks:
-            raise ValueError(f"rank {spec.rank!r} is not in the job")
-        return spec
-
-
-def rank_environment(config: SimulationConfig, rank: int, home: str) -> dict[str, str]:
-    """The launcher environment of ``rank``: torchrun's variables, the node's address, the home."""
-    per_node = config.ranks_per_node
-    node = rank // per_node
-    node_ip = f"10.0.{node // 250}.{node % 250 + 1}"
-    return {
-        "COMMINSIGHT_HOME": home,
-        "RANK": str(rank),
-        "WORLD_SIZE": str(config.ranks),
-        "LOCAL_RANK": str(rank % per_node),
-        "LOCAL_WORLD_SIZE": str(per_node),
-        "GROUP_RANK": str(node),
-        "NODE_RANK": str(node),
-        "NODE_IP": node_ip,
-        "HOST_IP": node_ip,
-    }
+from comminsight.simulator.spec import EXIT_ABORTED, EXIT_FAILED, RankSpec
 
 
 class _Journal:
@@ -108,12 +58,9 @@ class RankProcess:
     """The training loop and GPU stream of one rank (see the module docstring)."""
 
     def __init__(self, spec: RankSpec) -> None:
-        from comminsight.simulator.abi import load_plugin
-        from comminsight.simulator.driver import ProfilerDriver
-
         self.spec = spec
         self.rank = spec.rank
-        self.plan: Plan = build_plan(spec.config)
+        self.plan: Plan = build_plan(spec.config, check=False)  # the parent checked it
         self.schedule = self.plan.schedules[self.rank]
         self.board = Board(Path(spec.board), spec.config.ranks, int(self.plan.rendezvous_offsets[-1]))
         self.journal = _Journal(spec.journal)

@@ -34,7 +34,7 @@ from comminsight.simulator.plan import (
     SimulationConfig,
     build_plan,
 )
-from comminsight.simulator.rank import EXIT_ABORTED, RankSpec, rank_environment
+from comminsight.simulator.spec import EXIT_ABORTED, RankSpec, rank_environment
 
 GROUND_TRUTH_SCHEMA = 1
 STARTUP_TIMEOUT_S = 120.0

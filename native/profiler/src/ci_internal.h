@@ -137,13 +137,15 @@ typedef struct ci_comm {
 
 /* ---- pool.c: operation slots ---- */
 enum { CI_SLOT_FREE = 0, CI_SLOT_INFLIGHT = 1, CI_SLOT_DONE = 2 };
-#define CI_REFS_KCH   (1ull << 32) /* one KernelCh child started */
-#define CI_REFS_PROXY (1ull << 48) /* one ProxyOp child started */
+#define CI_REFS_KCH   (1ull << 32) /* one KernelCh child started (16 bits) */
+#define CI_REFS_PROXY (1ull << 48) /* one ProxyOp child started (15 bits) */
+#define CI_REFS_DONE  (1ull << 63) /* taken out of flight by finalize: the last part must not complete it */
 
 typedef struct __attribute__((aligned(256))) ci_op {
     _Atomic uint64_t refs;       /* low 32: outstanding (the op + open children); high: children started */
     _Atomic uint32_t state;      /* CI_SLOT_* */
     uint32_t index;
+    _Atomic uint32_t next_free;  /* free-stack link: index + 1 of the next free slot, 0 = none */
     ci_comm* comm;
     _Atomic uint64_t t_start;    /* ticks */
     _Atomic uint64_t t_stop;     /* ticks, 0 until stopEvent */
@@ -156,15 +158,23 @@ typedef struct __attribute__((aligned(256))) ci_op {
     char func[24], dtype[16], algo[16], proto[16];
 } ci_op;
 
+/* One free stack per shard: (tag << 32 | index + 1) in one word, so a CAS never suffers ABA. */
+typedef struct ci_free_stack {
+    _Atomic uint64_t head;
+    uint8_t _pad[CI_CACHELINE - sizeof(uint64_t)];
+} ci_free_stack;
+
 typedef struct ci_pool {
     ci_op* ops;
     uint32_t size, per_shard;
-    ci_queue free_q[CI_SHARDS];
+    ci_free_stack free_s[CI_SHARDS];
+    uint32_t chain_top[CI_SHARDS], chain_bottom[CI_SHARDS]; /* writer-side batch of frees (index + 1) */
 } ci_pool;
 int ci_pool_init(ci_pool* p, uint32_t size);   /* 0, or -1 on allocation failure */
 void ci_pool_free(ci_pool* p);
 ci_op* ci_pool_alloc(ci_pool* p, unsigned shard); /* NULL when every shard is empty */
-void ci_pool_release(ci_pool* p, ci_op* op);      /* writer side: back to its home shard */
+void ci_pool_release(ci_pool* p, ci_op* op);      /* writer side: queued for its home shard */
+void ci_pool_flush_frees(ci_pool* p);             /* writer side: one CAS per shard for all queued frees */
 
 /* ---- ring.c: SPSC shared-memory ring (layout in comminsight_ring.h) ---- */
 typedef struct ci_ring {
@@ -227,6 +237,8 @@ typedef struct ci_runtime {
     pthread_t thread;
     int thread_running;
     _Atomic int stop;
+    pthread_mutex_t wake_lock;   /* with wake: lets finalize interrupt the writer's sleep */
+    pthread_cond_t wake;
 } ci_runtime;
 
 extern ci_runtime* ci_rt;

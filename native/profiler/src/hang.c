@@ -7,8 +7,8 @@
  * CI_STATE_TIMEOUT snapshot record and into a JSON evidence file under
  * <home>/hang_detection/. At finalize (the abort after a watchdog timeout
  * lands here) every operation still in flight is taken out of the table
- * (the same INFLIGHT->DONE CAS a completing thread uses, so exactly one side
- * wins), written as ABANDONED (ENQUEUED when no kernel channel ever started),
+ * (by setting CI_REFS_DONE in refs: exactly one of it and the completing
+ * thread wins), written as ABANDONED (ENQUEUED when no kernel channel ever started),
  * and listed in an evidence file. Runs under out_lock: no slot is freed
  * meanwhile, so a slot read as INFLIGHT stays the same operation.
  * Evidence format: docs/formats/hang_detection.md.
@@ -104,7 +104,8 @@ void ci_hang_scan_locked(ci_runtime* rt, uint64_t now_ns) {
         /* acquire: pairs with the release that published the slot as INFLIGHT */
         if (atomic_load_explicit(&op->state, memory_order_acquire) != CI_SLOT_INFLIGHT || op->reported) continue;
         uint64_t t0 = atomic_load_explicit(&op->t_start, memory_order_relaxed);
-        if ((double)(now_ticks - t0) < limit_ticks) continue;
+        /* signed: an op started on another core after now_ticks was read has a negative age, not a huge one */
+        if ((double)(int64_t)(now_ticks - t0) < limit_ticks) continue;
         op->reported = 1;
         ci_op_record rec;
         ci_writer_emit_locked(rt, op, CI_STATE_TIMEOUT, &rec);
@@ -120,14 +121,12 @@ void ci_hang_abandon_locked(ci_runtime* rt, const ci_comm* comm) {
     evidence e = {0};
     for (uint32_t i = 0; i < rt->pool.size; i++) {
         ci_op* op = &rt->pool.ops[i];
-        uint32_t expected = CI_SLOT_INFLIGHT;
         if (atomic_load_explicit(&op->state, memory_order_acquire) != CI_SLOT_INFLIGHT) continue;
         if (comm != NULL && op->comm != comm) continue;
-        /* the same CAS a completing thread uses: exactly one of us takes the op */
-        if (!atomic_compare_exchange_strong_explicit(&op->state, &expected, CI_SLOT_DONE, memory_order_acq_rel,
-                                                     memory_order_acquire))
-            continue;
-        uint64_t refs = atomic_load_explicit(&op->refs, memory_order_acquire);
+        /* take the op out of flight unless its last part already closed: exactly one side wins (see plugin.c) */
+        uint64_t refs = atomic_fetch_or_explicit(&op->refs, CI_REFS_DONE, memory_order_acq_rel);
+        if ((uint32_t)refs == 0 || (refs & CI_REFS_DONE)) continue;
+        atomic_store_explicit(&op->state, CI_SLOT_DONE, memory_order_relaxed);
         int enqueued_only = atomic_load_explicit(&op->t_stop, memory_order_relaxed) != 0 && (refs >> 32) == 0;
         ci_op_record rec;
         ci_writer_emit_locked(rt, op, enqueued_only ? CI_STATE_ENQUEUED : CI_STATE_ABANDONED, &rec);
@@ -135,6 +134,7 @@ void ci_hang_abandon_locked(ci_runtime* rt, const ci_comm* comm) {
         if (e.n >= 0) evidence_add(&e, &rec, op, now_ns);
         ci_pool_release(&rt->pool, op);
     }
+    ci_pool_flush_frees(&rt->pool);
     ci_writer_flush_locked(rt);
     evidence_close(&e);
 }

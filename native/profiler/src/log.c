@@ -91,10 +91,9 @@ uint64_t ci_clock_to_ns(const ci_clock* c, uint64_t ticks) {
 }
 
 void ci_copy_str(char* dst, size_t cap, const char* src) {
-    size_t i = 0;
-    if (src != NULL)
-        for (; i + 1 < cap && src[i] != '\0'; i++) dst[i] = src[i];
-    dst[i] = '\0';
+    size_t n = src != NULL ? strnlen(src, cap - 1) : 0;
+    if (n != 0) memcpy(dst, src, n);
+    dst[n] = '\0';
 }
 
 int ci_mkdirs(const char* path) {

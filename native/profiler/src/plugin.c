@@ -11,8 +11,8 @@
  * its stopEvent (enqueued), one per kernel channel announced in the
  * descriptor's nChannels until that channel's KernelCh stops (as NVIDIA's
  * inspector plugin decides completion), and any extra child until it stops.
- * Whoever closes the last part marks the slot DONE (one CAS) and pushes its
- * index onto its shard's done queue. No lock,
+ * Whoever closes the last part (one fetch_sub sees the count reach zero)
+ * pushes the slot's index onto its shard's done queue. No lock,
  * syscall, allocation or wait on that path; an empty pool drops and counts.
  * The exported tables (v5, v4) are the last thing in this file.
  */
@@ -102,20 +102,18 @@ static inline void* op_start(ci_comm* comm, const void* parent, uint8_t kind, ui
 }
 
 static inline void op_complete(ci_op* op) {
-    uint32_t expected = CI_SLOT_INFLIGHT;
-    /* exactly one thread (or finalize) moves the slot out of flight */
-    if (!atomic_compare_exchange_strong_explicit(&op->state, &expected, CI_SLOT_DONE, memory_order_acq_rel,
-                                                 memory_order_relaxed))
-        return;
+    atomic_store_explicit(&op->state, CI_SLOT_DONE, memory_order_relaxed);
     op->t_complete = ci_ticks();
     /* cannot fail: each shard's done queue can hold every slot of the pool */
     ci_queue_push(&ci_rt->done_q[my_shard()], op->index);
 }
 
 static inline void op_release(ci_op* op) {
-    /* acq_rel: the last part to close sees every other part's writes (t_stop, GPU times) */
+    /* acq_rel: the last part to close sees every other part's writes (t_stop, GPU times). Closing the
+       last part decides completion on its own: exactly one thread sees the count reach zero, and
+       CI_REFS_DONE (set by finalize when it abandons the op first) vetoes it */
     uint64_t old = atomic_fetch_sub_explicit(&op->refs, 1, memory_order_acq_rel);
-    if ((uint32_t)old == 1) op_complete(op);
+    if ((uint32_t)old == 1 && !(old & CI_REFS_DONE)) op_complete(op);
 }
 
 static inline void* child_start(const void* parent, uintptr_t tag, uint64_t ptimer) {
@@ -123,17 +121,17 @@ static inline void* child_start(const void* parent, uintptr_t tag, uint64_t ptim
     if (op == NULL || atomic_load_explicit(&op->state, memory_order_acquire) != CI_SLOT_INFLIGHT) return NULL;
     uint64_t old = atomic_load_explicit(&op->refs, memory_order_relaxed), add;
     do {
+        /* completed or abandoned already (a child NCCL did not announce, arriving late): ignore it */
+        if ((uint32_t)old == 0 || (old & CI_REFS_DONE)) return NULL;
         /* the op start reserved one open part per announced channel; only extra children add one */
         uint64_t kch = (old >> 32) & 0xffff;
         add = tag == TAG_KCH ? CI_REFS_KCH + (kch >= op->n_channels ? 1 : 0) : CI_REFS_PROXY + 1;
     } while (!atomic_compare_exchange_weak_explicit(&op->refs, &old, old + add, memory_order_acq_rel,
                                                     memory_order_relaxed));
-    if (tag == TAG_KCH && ptimer != 0) {
-        uint64_t cur = atomic_load_explicit(&op->gpu_start, memory_order_relaxed);
-        while (ptimer < cur && !atomic_compare_exchange_weak_explicit(&op->gpu_start, &cur, ptimer,
-                                                                      memory_order_relaxed, memory_order_relaxed)) {
-        }
-    }
+    /* min without a locked CAS: one proxy thread reports an op's channels; if two ever raced, the value
+       kept is still a real channel's start, and nothing else depends on it */
+    if (tag == TAG_KCH && ptimer != 0 && ptimer < atomic_load_explicit(&op->gpu_start, memory_order_relaxed))
+        atomic_store_explicit(&op->gpu_start, ptimer, memory_order_relaxed);
     return (void*)((uintptr_t)op | tag);
 }
 
@@ -160,10 +158,9 @@ static ncclResult_t ci_record_state(void* handle, int state, const ncclProfilerE
     ci_op* op = as_op(ci_rt, (void*)(v & ~TAG_MASK));
     if (op == NULL) return 0;
     uint64_t t = args->kernelCh.pTimer;
-    uint64_t cur = atomic_load_explicit(&op->gpu_end, memory_order_relaxed);
-    while (t > cur && !atomic_compare_exchange_weak_explicit(&op->gpu_end, &cur, t, memory_order_relaxed,
-                                                             memory_order_relaxed)) {
-    }
+    /* max without a locked CAS, for the same reason as the min in child_start */
+    if (t > atomic_load_explicit(&op->gpu_end, memory_order_relaxed))
+        atomic_store_explicit(&op->gpu_end, t, memory_order_relaxed);
     return 0;
 }
 

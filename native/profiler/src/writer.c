@@ -110,6 +110,7 @@ static void drain_locked(ci_runtime* rt) {
             ci_pool_release(&rt->pool, op);
         }
     }
+    ci_pool_flush_frees(&rt->pool);
     ci_writer_flush_locked(rt);
 }
 
@@ -127,19 +128,33 @@ void ci_writer_cycle_locked(ci_runtime* rt) {
 
 static void* writer_main(void* arg) {
     ci_runtime* rt = arg;
-    struct timespec nap = {(time_t)(rt->cfg.writer_interval_ms / 1000),
-                           (long)(rt->cfg.writer_interval_ms % 1000) * 1000000L};
+    uint64_t interval_ns = (uint64_t)rt->cfg.writer_interval_ms * 1000000ull;
     while (!atomic_load_explicit(&rt->stop, memory_order_acquire)) {
         pthread_mutex_lock(&rt->out_lock);
         ci_writer_cycle_locked(rt);
         pthread_mutex_unlock(&rt->out_lock);
-        nanosleep(&nap, NULL);
+        /* sleep until the next cycle, or until ci_writer_stop signals */
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        uint64_t ns = (uint64_t)until.tv_nsec + interval_ns;
+        until.tv_sec += (time_t)(ns / 1000000000ull);
+        until.tv_nsec = (long)(ns % 1000000000ull);
+        pthread_mutex_lock(&rt->wake_lock);
+        if (!atomic_load_explicit(&rt->stop, memory_order_acquire))
+            pthread_cond_timedwait(&rt->wake, &rt->wake_lock, &until);
+        pthread_mutex_unlock(&rt->wake_lock);
     }
     return NULL;
 }
 
 int ci_writer_start(ci_runtime* rt) {
     atomic_store(&rt->stop, 0);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&rt->wake, &attr);
+    pthread_condattr_destroy(&attr);
+    pthread_mutex_init(&rt->wake_lock, NULL);
     if (pthread_create(&rt->thread, NULL, writer_main, rt) != 0) {
         ci_warn("cannot start the writer thread; events are kept until the pool fills, then counted as lost");
         return -1;
@@ -150,10 +165,15 @@ int ci_writer_start(ci_runtime* rt) {
 
 void ci_writer_stop(ci_runtime* rt) {
     if (rt->thread_running) {
+        pthread_mutex_lock(&rt->wake_lock);
         atomic_store_explicit(&rt->stop, 1, memory_order_release);
+        pthread_cond_signal(&rt->wake);
+        pthread_mutex_unlock(&rt->wake_lock);
         pthread_join(rt->thread, NULL);
         rt->thread_running = 0;
     }
+    pthread_cond_destroy(&rt->wake);
+    pthread_mutex_destroy(&rt->wake_lock);
     pthread_mutex_lock(&rt->out_lock);
     ci_clock_anchor(&rt->clock);
     drain_locked(rt);

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ci_internal.h" /* white-box tests call the hang scan directly */
 #include "comminsight_ring.h"
 #include "nccl_profiler_abi.h"
 
@@ -387,6 +388,45 @@ static void test_hang_timeout_writes_evidence(void) {
     printf("ok   hang timeout snapshot and evidence\n");
 }
 
+/* Regression: the scan reads its clock once; an op started later (on another core) must not look ancient. */
+static void test_hang_scan_ages_are_signed(void) {
+    fresh_home("scanage");
+    void* ctx = init5("scan", 2, 0);
+    ci_op* young = coll_op(ctx, 1, 1, 0);
+    ci_op* old = coll_op(ctx, 2, 1, 0);
+    pthread_mutex_lock(&ci_rt->out_lock);
+    uint64_t now = ci_ticks();
+    double per_s = 1e9 / ci_rt->clock.ns_per_tick;
+    atomic_store(&young->t_start, now + (uint64_t)(10 * per_s)); /* "started after the scan's clock read" */
+    atomic_store(&old->t_start, now - (uint64_t)(400 * per_s));  /* past the 300 s default threshold */
+    ci_hang_scan_locked(ci_rt, ci_realtime_ns());
+    pthread_mutex_unlock(&ci_rt->out_lock);
+    ncclProfiler_v5.finalize(ctx);
+    tally t = read_logs();
+    CHECK(t.by_state[CI_STATE_TIMEOUT] == 1, "only the old op times out (%ld)", t.by_state[CI_STATE_TIMEOUT]);
+    CHECK(t.by_state[CI_STATE_ENQUEUED] == 2, "both are enqueued at finalize (%ld)", t.by_state[CI_STATE_ENQUEUED]);
+    printf("ok   hang scan: an op younger than the scan's clock is not timed out\n");
+}
+
+/* A kernel channel NCCL did not announce, arriving after the op completed, must not complete it twice. */
+static void test_late_unannounced_child_is_ignored(void) {
+    fresh_home("latechild");
+    void* ctx = init5("late", 2, 0);
+    void* h = coll_op(ctx, 1, 1, 1); /* completes: its one announced channel stopped */
+    ncclProfilerEventDescr_v5_t k;
+    memset(&k, 0, sizeof(k));
+    k.type = ncclProfileKernelCh;
+    k.parentObj = h;
+    void* kh = (void*)1;
+    /* the writer may already have recycled the slot; either way no second completion may follow */
+    ncclProfiler_v5.startEvent(ctx, &kh, &k);
+    ncclProfiler_v5.stopEvent(kh);
+    ncclProfiler_v5.finalize(ctx);
+    tally t = read_logs();
+    CHECK(t.valid == 1 && t.by_state[CI_STATE_COMPLETED] == 1, "records %ld", t.valid);
+    printf("ok   late unannounced child is ignored\n");
+}
+
 static void test_pool_exhaustion_drops_without_blocking(void) {
     fresh_home("pool");
     setenv("COMMINSIGHT_POOL_SIZE", "64", 1);
@@ -446,6 +486,8 @@ int main(void) {
     test_reload_cycles();
     test_inflight_at_finalize_is_abandoned();
     test_hang_timeout_writes_evidence();
+    test_hang_scan_ages_are_signed();
+    test_late_unannounced_child_is_ignored();
     test_pool_exhaustion_drops_without_blocking();
     test_unwritable_home_degrades();
     test_p2p_sequence_per_peer();

@@ -30,12 +30,14 @@ logger = logging.getLogger(__name__)
 
 def embedded_periodic_tasks(stop: threading.Event) -> None:
     """Without Redis there is no celery beat: run discovery and the lost-workload check in a thread."""
-    from apps.workloads import discovery, live
+    from apps.workloads import discovery, ingest, live
 
     while not stop.wait(settings.DISCOVERY_INTERVAL_S):
         try:
             discovery.discover_archives()
             live.mark_lost_workloads()
+            for archive_id in ingest.stale_stored_archives():
+                ingest.archive_ingest(archive_id)
         except Exception:  # one bad scan must not end the loop
             logger.exception("periodic discovery failed")
         finally:

@@ -1,0 +1,225 @@
+"""Benchmark: importer throughput (rows/s) against the obvious baseline, on generated evidence.
+
+For each format the baseline is what one would write first: decode the source (``pickle.load``,
+``json.loads``, ``struct.unpack`` per record), build one Python dict per row, then
+``pa.Table.from_pylist``. Both read the same files in this process; the ratio is
+comminsight rows/s over baseline rows/s. Generated evidence comes from tests/importers'
+sample writers, scaled up.
+
+Run: .venv/bin/python bench/importers.py [--scale 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import pickle
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "importers"))
+
+from evidence_samples import fr_dump, inspector_lines, write_segment
+
+from comminsight.importers import flight_recorder, kineto, nccl_inspector, rawlog
+
+
+def _fr(directory: Path, ranks: int, entries: int) -> None:
+    for rank in range(ranks):
+        dump = fr_dump(rank, list(range(ranks)), range(entries), completed=entries // 2)
+        (directory / f"_dump_{rank}").write_bytes(pickle.dumps(dump, protocol=2))
+
+
+def _fr_baseline(directory: Path) -> int:
+    rows = []
+    for path in sorted(directory.iterdir()):
+        dump = pickle.loads(path.read_bytes())  # noqa: S301 - the unsafe baseline, on our own files
+        rank = int(path.name.rsplit("_", 1)[1])
+        for e in dump["entries"]:
+            rows.append(
+                {
+                    "rank": rank,
+                    "comm_id": e["process_group"][0],
+                    "op": e["profiling_name"],
+                    "seq": e["collective_seq_id"],
+                    "state": e["state"],
+                    "shape": str(e["input_sizes"]),
+                    "dtype": e["input_dtypes"][0],
+                    "enqueue_ns": e["time_created_ns"],
+                }
+            )
+    return pa.Table.from_pylist(rows).num_rows
+
+
+def _kineto(directory: Path, kernels: int) -> None:
+    events = []
+    for i in range(kernels):
+        args = {
+            "External id": i,
+            "Collective name": "allreduce",
+            "In msg nelems": 1024 + i,
+            "dtype": "Float",
+            "Group size": 8,
+            "Process Group Name": "0",
+            "Process Group Description": "default_pg",
+            "Process Group Ranks": "[0, 1, 2, 3, 4, 5, 6, 7]",
+        }
+        events.append(
+            {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "ts": i * 10.0, "dur": 1, "args": args}
+        )
+        events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+                "ts": i * 10.0 + 2,
+                "dur": 5.0,
+                "args": {**args, "stream": 7, "device": 0},
+            }
+        )
+    for step in range(kernels // 100):
+        events.append(
+            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "ts": step * 1000.0, "dur": 999}
+        )
+    trace = {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 8}, "traceEvents": events}
+    (directory / "rank0.pt.trace.json.gz").write_bytes(gzip.compress(json.dumps(trace).encode(), 1))
+
+
+def _kineto_baseline(directory: Path) -> int:
+    rows = []
+    for path in directory.iterdir():
+        trace = json.loads(gzip.decompress(path.read_bytes()))
+        for e in trace["traceEvents"]:
+            if e.get("cat") == "kernel" and "Collective name" in e.get("args", {}):
+                a = e["args"]
+                rows.append(
+                    {
+                        "op": a["Collective name"],
+                        "comm_id": a["Process Group Name"],
+                        "count": a["In msg nelems"],
+                        "dtype": a["dtype"],
+                        "start_us": e["ts"],
+                        "dur_us": e["dur"],
+                    }
+                )
+    return pa.Table.from_pylist(rows).num_rows
+
+
+def _inspector(directory: Path, processes: int, ops: int) -> None:
+    for rank in range(processes):
+        lines = inspector_lines(rank=rank, n_ranks=processes, n=ops, seed=rank)
+        (directory / f"host0-pid{1000 + rank}.log").write_text("\n".join(lines) + "\n")
+
+
+def _inspector_baseline(directory: Path) -> int:
+    rows = []
+    for path in directory.iterdir():
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            payload = record.get("coll_perf") or record.get("p2p_perf")
+            rows.append(
+                {
+                    "comm_id": record["header"]["id"],
+                    "rank": record["header"]["rank"],
+                    "op": payload.get("coll") or payload.get("p2p"),
+                    "seq": payload.get("coll_sn", payload.get("p2p_sn")),
+                    "bytes": payload.get("coll_msg_size_bytes", payload.get("p2p_msg_size_bytes")),
+                }
+            )
+    return pa.Table.from_pylist(rows).num_rows
+
+
+def _rawlog(directory: Path, segments: int, records: int) -> None:
+    for rank in range(segments):
+        write_segment(
+            directory / f"h-{rank}-1-0.cilog.sealed",
+            global_rank=rank,
+            comm_rank=rank,
+            nranks=segments,
+            n=records,
+            seed=rank,
+        )
+
+
+_RECORD = struct.Struct("<IIBBBBiiiiiiiQQQQQQQQQQQ24s16s16s16s56s")
+
+
+def _rawlog_baseline(directory: Path) -> int:
+    rows = []
+    for path in directory.iterdir():
+        data = path.read_bytes()
+        for offset in range(512, len(data) - 255, 256):
+            f = _RECORD.unpack_from(data, offset)
+            rows.append(
+                {
+                    "rank": f[6],
+                    "comm_id": f"0x{f[13]:016x}",
+                    "seq": f[14],
+                    "count": f[15],
+                    "bytes": f[16],
+                    "func": f[24].split(b"\0", 1)[0].decode(),
+                    "dtype": f[25].split(b"\0", 1)[0].decode(),
+                    "enqueue_ns": f[18],
+                    "end_ns": f[22],
+                }
+            )
+    return pa.Table.from_pylist(rows).num_rows
+
+
+def _best(fn, repeat: int) -> tuple[float, int]:
+    best, rows = float("inf"), 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        rows = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply the generated sizes")
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    k = args.scale
+    cases = [
+        ("flight_recorder (pickle)", flight_recorder.load, _fr_baseline, lambda d: _fr(d, 64, int(2000 * k))),
+        ("kineto (json.gz)", kineto.load, _kineto_baseline, lambda d: _kineto(d, int(50_000 * k))),
+        (
+            "nccl_inspector (jsonl)",
+            nccl_inspector.load,
+            _inspector_baseline,
+            lambda d: _inspector(d, 16, int(10_000 * k)),
+        ),
+        ("rawlog (segments)", rawlog.load, _rawlog_baseline, lambda d: _rawlog(d, 16, int(50_000 * k))),
+    ]
+    table = Table(title=f"Importers: rows/s (best of {args.repeat}), baseline = decode + dict per row + from_pylist")
+    for column in ("importer", "rows", "comminsight rows/s", "baseline rows/s", "ratio"):
+        table.add_column(column, justify="right")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, load, baseline, make in cases:
+            directory = Path(tmp) / name.split()[0]
+            directory.mkdir()
+            make(directory)
+            ours_s, ours_rows = _best(lambda load=load, directory=directory: load(directory).num_rows, args.repeat)
+            base_s, base_rows = _best(lambda baseline=baseline, directory=directory: baseline(directory), args.repeat)
+            table.add_row(
+                name,
+                f"{ours_rows:,}",
+                f"{ours_rows / ours_s:,.0f}",
+                f"{base_rows / base_s:,.0f}",
+                f"{(ours_rows / ours_s) / (base_rows / base_s):.1f}x",
+            )
+    Console().print(table)
+    Console().print("rows: operations produced (the baseline's row count may differ: it keeps only the op rows)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""Benchmark: straggler analysis against HolisticTraceAnalysis's ``get_potential_stragglers``.
+
+Multi-rank PyTorch profiler (Kineto) traces recorded on GPUs do not exist in this repository yet,
+so this benchmark GENERATES synthetic ones in a temp dir from a seeded generator: one JSON trace
+per rank with ``ProfilerStep#N`` annotations, compute kernels, ``cudaLaunchKernel`` runtime events
+and NCCL all-reduce kernels (NCCL 2.17 names, which HTA recognises) with the collective args
+PyTorch writes. One rank (``--slow-rank``)
+computes ``--slow-factor`` times slower, so it reaches every all-reduce last while the others
+wait inside the kernel. Both tools read the same files; the time ratio counts loading plus
+analysis for each, and the two answers are printed side by side.
+
+HTA is a benchmark-only dependency (requirements/bench.txt); without it the comparison is skipped
+with a message and only CommInsight is timed.
+
+    .venv/bin/python bench/stragglers.py [--ranks 8] [--steps 20] [--slow-rank 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def write_traces(out: Path, ranks: int, steps: int, slow_rank: int, slow_factor: float, seed: int = 0) -> None:
+    """One Kineto JSON per rank; see the module doc."""
+    rng = np.random.default_rng(seed)
+    buckets, compute_us, transfer_us, nelems = 6, 900.0, 250.0, 6_291_456
+    group = list(range(ranks))
+    clock = np.zeros(ranks)
+    events: list[list[dict]] = [[] for _ in range(ranks)]
+    ext = [1000] * ranks
+    corr = [50_000] * ranks
+
+    def launch(
+        r: int, name: str, ts: float, dur: float, stream: int, cat: str = "kernel", args: dict | None = None
+    ) -> None:
+        ext[r] += 1
+        corr[r] += 1
+        events[r].append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "pid": 100 + r,
+                "tid": 100 + r,
+                "ts": ts - 8.0,
+                "dur": 4.0,
+                "args": {"External id": ext[r], "correlation": corr[r], "cbid": 211},
+            }
+        )
+        events[r].append(
+            {
+                "ph": "X",
+                "cat": cat,
+                "name": name,
+                "pid": 0,
+                "tid": stream,
+                "ts": ts,
+                "dur": dur,
+                "args": {
+                    "External id": ext[r],
+                    "correlation": corr[r],
+                    "device": r,
+                    "stream": stream,
+                    "queued": 0,
+                    **(args or {}),
+                },
+            }
+        )
+
+    for step in range(steps):
+        step_start = clock.copy()
+        for _ in range(buckets):
+            arrival = np.empty(ranks)
+            for r in range(ranks):
+                work = compute_us * rng.normal(1.0, 0.03) * (slow_factor if r == slow_rank else 1.0)
+                launch(r, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", clock[r] + 5.0, work, 7)
+                arrival[r] = clock[r] + 5.0 + work
+            end = arrival.max() + transfer_us
+            for r in range(ranks):
+                ext[r] += 1
+                events[r].append(
+                    {
+                        "ph": "X",
+                        "cat": "cpu_op",
+                        "name": "record_param_comms",
+                        "pid": 100 + r,
+                        "tid": 100 + r,
+                        "ts": arrival[r] - 20.0,
+                        "dur": 10.0,
+                        "args": {
+                            "External id": ext[r],
+                            "Collective name": "allreduce",
+                            "In msg nelems": nelems,
+                            "Out msg nelems": nelems,
+                            "Group size": ranks,
+                            "dtype": "BFloat16",
+                            "Process Group Name": "0",
+                            "Process Group Description": "default_pg",
+                            "Process Group Ranks": json.dumps(group),
+                        },
+                    }
+                )
+                launch(
+                    r,
+                    "ncclKernel_AllReduce_RING_LL_Sum_bfloat16(ncclDevComm*, unsigned long, ncclWork*)",
+                    arrival[r],
+                    end - arrival[r],
+                    20,
+                    args={
+                        "Collective name": "allreduce",
+                        "In msg nelems": nelems,
+                        "Out msg nelems": nelems,
+                        "Group size": ranks,
+                        "dtype": "BFloat16",
+                        "Process Group Name": "0",
+                        "Process Group Description": "default_pg",
+                        "Process Group Ranks": json.dumps(group),
+                    },
+                )
+                clock[r] = end
+        for r in range(ranks):
+            events[r].append(
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": f"ProfilerStep#{step}",
+                    "pid": 100 + r,
+                    "tid": 100 + r,
+                    "ts": step_start[r] - 20.0,
+                    "dur": clock[r] - step_start[r] + 30.0,
+                    "args": {"External id": 0},
+                }
+            )
+        clock += 40.0  # optimizer step
+    for r in range(ranks):
+        doc = {
+            "schemaVersion": 1,
+            "deviceProperties": [{"id": r, "name": "NVIDIA H200", "totalGlobalMem": 150_000_000_000}],
+            "distributedInfo": {
+                "backend": "nccl",
+                "rank": r,
+                "world_size": ranks,
+                "pg_count": 1,
+                "pg_config": [
+                    {
+                        "pg_name": "0",
+                        "pg_desc": "default_pg",
+                        "backend_config": "cuda:nccl",
+                        "pg_size": ranks,
+                        "ranks": group,
+                    }
+                ],
+                "nccl_version": "2.17.1",
+            },
+            "traceEvents": sorted(events[r], key=lambda e: e["ts"]),
+            "traceName": f"rank{r}.json",
+            "displayTimeUnit": "ms",
+            "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+        }
+        (out / f"rank-{r}.pt.trace.json").write_text(json.dumps(doc))
+
+
+def run_comminsight(trace_dir: Path) -> tuple[float, float, list[int], dict]:
+    """(load seconds, analysis seconds, culprits, slowdown)."""
+    from comminsight.analysis.stragglers import analyse_stragglers
+    from comminsight.importers import load
+
+    t0 = time.perf_counter()
+    table = load(trace_dir)
+    t1 = time.perf_counter()
+    report = analyse_stragglers(table)
+    return t1 - t0, time.perf_counter() - t1, report.culprits, report.slowdown
+
+
+def run_hta(trace_dir: Path) -> tuple[float, float, list[int]] | str:
+    """(parse seconds, analysis seconds, answer) or why HTA could not run."""
+    try:
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError:
+        return "HolisticTraceAnalysis is not installed (pip install -r requirements/bench.txt): comparison skipped"
+    t0 = time.perf_counter()
+    try:
+        analysis = TraceAnalysis(trace_dir=str(trace_dir))
+        t1 = time.perf_counter()
+        answer = analysis.get_potential_stragglers(num_candidates=1)
+    except Exception as exc:
+        return f"HTA failed on these traces: {type(exc).__name__}: {exc}"
+    return t1 - t0, time.perf_counter() - t1, [int(r) for r in answer]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--slow-rank", type=int, default=5)
+    parser.add_argument("--slow-factor", type=float, default=1.3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ci-bench-kineto-") as tmp:
+        trace_dir = Path(tmp)
+        write_traces(trace_dir, args.ranks, args.steps, args.slow_rank, args.slow_factor)
+        size = sum(p.stat().st_size for p in trace_dir.iterdir())
+        print(
+            f"SYNTHETIC Kineto traces (generated, not recorded on GPUs): {args.ranks} ranks x {args.steps} steps, "
+            f"{size / 1e6:.1f} MB, known slow rank {args.slow_rank} (x{args.slow_factor} compute)"
+        )
+        ours_load, ours_run, culprits, slowdown = run_comminsight(trace_dir)
+        print(
+            f"CommInsight: load {ours_load:.3f} s + analysis {ours_run:.3f} s; culprits {culprits}; "
+            f"estimated slowdown x{slowdown['ratio']:.3f}"
+        )
+        hta = run_hta(trace_dir)
+        if isinstance(hta, str):
+            print(hta)
+            return
+        hta_parse, hta_run, hta_answer = hta
+        print(f"HTA: parse {hta_parse:.3f} s + get_potential_stragglers {hta_run:.3f} s; answer {hta_answer}")
+        same = bool(culprits) and bool(hta_answer) and culprits[0] == hta_answer[0]
+        print(
+            f"time ratio HTA / CommInsight: end to end {(hta_parse + hta_run) / (ours_load + ours_run):.1f}x, "
+            f"analysis only {hta_run / ours_run:.1f}x (target >= 10x); same answer: {same}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""The workload status WebSocket: the same visibility rule as pages, and live updates from heartbeats."""
+
+from __future__ import annotations
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+
+from comminsight_site.asgi import application
+
+
+def cookie_for(user) -> list[tuple[bytes, bytes]]:
+    headers = [(b"origin", b"http://127.0.0.1")]
+    if user is not None:
+        client = Client()
+        client.force_login(user)
+        headers.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
+    return headers
+
+
+async def connect(path: str, headers) -> tuple[WebsocketCommunicator, bool, object]:
+    communicator = WebsocketCommunicator(application, path, headers=headers)
+    connected, code = await communicator.connect()
+    first = await communicator.receive_json_from() if connected else code
+    return communicator, connected, first
+
+
+@pytest.mark.parametrize(
+    ("persona", "allowed"), [("alice", True), ("bob", True), ("admin", True), ("carol", False), (None, False)]
+)
+def test_only_people_who_see_the_workload_can_subscribe(personas, persona, allowed):
+    headers = cookie_for(getattr(personas, persona) if persona else None)
+
+    async def scenario():
+        communicator, connected, first = await connect(f"/ws/workloads/{personas.workload.pk}/", headers)
+        if connected:
+            await communicator.disconnect()
+        return connected, first
+
+    connected, first = async_to_sync(scenario)()
+    assert connected is allowed
+    assert first == ({"type": "status", "status": "unknown"} if allowed else 4404)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_heartbeat_reaches_an_open_socket(personas):
+    from apps.accounts.services import agent_token_authenticate
+    from apps.workloads.live import live_record_heartbeat
+
+    token = agent_token_authenticate(personas.agent_secret)
+    headers = cookie_for(personas.bob)
+
+    async def scenario():
+        communicator, connected, _ = await connect(f"/ws/workloads/{personas.workload.pk}/", headers)
+        assert connected
+        from channels.db import database_sync_to_async
+
+        def beat():
+            live_record_heartbeat(token=token, heartbeat={"workload_id": "job-1", "node": "n1", "hang": [{"r": 1}]})
+
+        await database_sync_to_async(beat)()
+        message = await communicator.receive_json_from(timeout=5)
+        await communicator.disconnect()
+        return message
+
+    message = async_to_sync(scenario)()
+    assert message["status"] == "hung"

@@ -1,0 +1,46 @@
+"""End to end through the simulator: rank processes drive the real profiler plugin, its raw logs are
+imported, and steps and the straggler are recovered from them.
+
+Multi-process: starts one OS process per simulated rank (marked ``slow``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from comminsight.analysis.stragglers import analyse_stragglers
+from comminsight.importers import load
+from comminsight.semantic import recover_steps
+
+pytestmark = pytest.mark.slow
+
+PROFILER = Path(__file__).resolve().parents[2] / "native" / "profiler"
+
+
+@pytest.fixture(scope="module")
+def plugin() -> Path:
+    simulator = pytest.importorskip("comminsight.simulator")
+    assert simulator
+    if not (PROFILER / "Makefile").is_file():
+        pytest.skip("the profiler plugin is not in this tree")
+    build = subprocess.run(["make", "-s", "-C", str(PROFILER)], capture_output=True, text=True, check=False)
+    if build.returncode != 0:
+        pytest.skip(f"the profiler plugin does not build here: {build.stderr[-400:]}")
+    return PROFILER / "build" / "libnccl-profiler-comminsight.so"
+
+
+def test_simulated_ddp_job_steps_and_straggler_are_recovered_from_the_plugin_logs(plugin: Path, tmp_path: Path) -> None:
+    from comminsight.simulator import SimulationConfig, Straggler, run_simulation
+
+    config = SimulationConfig(layout="ddp", ranks=4, steps=6, step_ms=20.0, faults=(Straggler(rank=2, slow_pct=60.0),))
+    run_simulation(config, plugin, tmp_path / "home")
+    table = load(tmp_path / "home" / "inspector_logs")
+    steps = recover_steps(table)
+    assert steps.method == "ddp"
+    assert len(steps.steps) == config.steps
+    report = analyse_stragglers(table)
+    assert report.culprits[0] == 2
+    assert report.slowdown["ratio"] > 1.05
