@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=16, help="operations per rank per communicator")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=140)
     hung = 9_999
     sets = {
         "8 comms x 16,384 ranks": [WORLD] * 8,

@@ -217,8 +217,10 @@ def main() -> None:
                 f"{base_rows / base_s:,.0f}",
                 f"{(ours_rows / ours_s) / (base_rows / base_s):.1f}x",
             )
-    Console().print(table)
-    Console().print("rows: operations produced (the baseline's row count may differ: it keeps only the op rows)")
+    Console(width=140).print(table)
+    Console(width=140).print(
+        "rows: operations produced (the baseline's row count may differ: it keeps only the op rows)"
+    )
 
 
 if __name__ == "__main__":

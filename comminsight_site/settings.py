@@ -250,5 +250,6 @@ CELERY_BEAT_SCHEDULE.update(
         "discover-archives": {"task": "apps.workloads.tasks.discover_archives", "schedule": DISCOVERY_INTERVAL_S},
         "mark-lost-workloads": {"task": "apps.workloads.tasks.mark_lost_workloads", "schedule": 60.0},
         "requeue-stale-archives": {"task": "apps.workloads.tasks.requeue_stale_archives", "schedule": 300.0},
+        "expire-abandoned-uploads": {"task": "apps.workloads.tasks.expire_abandoned_uploads", "schedule": 3600.0},
     }
 )

@@ -382,14 +382,14 @@ def main() -> int:
     with tarfile.open(out / "gpu_lab_logs.tar.gz", "w:gz") as tar:
         tar.add(home / "inspector_logs", arcname="inspector_logs")
         tar.add(home / "hang_detection", arcname="hang_detection")
-    with open(out / "gpu_lab_ranks.log", "w") as combined:
-        for log in sorted(work.glob("*_rank*.log")):
-            combined.write(f"==== {log.name}\n{log.read_text(errors='replace')[-4000:]}\n")
 
     if args.hang:
         args.pg_timeout = 20.0
         phase = run_phase("hang", plugin, args, work, hang=True, timeout=75)
         summary["hang"] = hang_report(phase["home"], args.ranks)
+    with open(out / "gpu_lab_ranks.log", "w") as combined:
+        for log in sorted(work.glob("*_rank*.log")):
+            combined.write(f"==== {log.name}\n{log.read_text(errors='replace')[-4000:]}\n")
 
     (out / "gpu_lab.json").write_text(json.dumps(summary, indent=2, default=str))
     proof = summary["proof"]

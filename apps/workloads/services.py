@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import shutil
+from pathlib import Path
 
 from django.db import transaction
 
 from apps.accounts.models import User
 
-from .models import ShareLevel, Workload, WorkloadShare
+from .models import ArchiveSource, ShareLevel, Workload, WorkloadShare
 from .selectors import workload_can_manage
 
 logger = logging.getLogger(__name__)
@@ -49,7 +51,25 @@ def workload_unshare(*, actor: User, workload: Workload, user: User) -> bool:
 
 
 def workload_delete(*, actor: User, workload: Workload) -> None:
+    """Delete a workload with its archives (rows and uploaded bytes) and its columnar store.
+
+    Discovered archive files are left where they were found: the shared path is not the site's.
+    Files go only after the rows are gone for good (on commit).
+    """
     _require_manage(actor, workload)
+    from .ingest import store_dir
+
+    workload_id = workload.pk
     with transaction.atomic():
+        uploaded = [
+            Path(path) for path in workload.archives.filter(source=ArchiveSource.UPLOAD).values_list("path", flat=True)
+        ]
         workload.delete()
-    logger.info("%s deleted workload %s", actor.username, workload.pk)
+
+        def remove_files() -> None:
+            shutil.rmtree(store_dir() / f"workload-{workload_id}", ignore_errors=True)
+            for path in uploaded:
+                path.unlink(missing_ok=True)
+
+        transaction.on_commit(remove_files)
+    logger.info("%s deleted workload %s", actor.username, workload_id)

@@ -6,7 +6,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
-from . import discovery, ingest, live
+from . import discovery, ingest, live, uploads
 
 
 @shared_task(
@@ -44,3 +44,9 @@ def requeue_stale_archives() -> int:
     for archive_id in ids:
         ingest_archive.delay(archive_id)
     return len(ids)
+
+
+@shared_task(soft_time_limit=300, time_limit=360)
+def expire_abandoned_uploads() -> int:
+    """Remove open uploads idle for a week (bytes and rows)."""
+    return uploads.uploads_expire()

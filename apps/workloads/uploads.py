@@ -345,3 +345,19 @@ def archive_register(
     transaction.on_commit(lambda: ingest_archive.delay(archive.pk))
     logger.info("archive %s (%d bytes, %s) stored for %s", sha256[:12], size, source, owner.username)
     return archive, True
+
+
+def uploads_expire(older_than_s: float = 7 * 86400) -> int:
+    """Delete open uploads nobody touched for ``older_than_s`` (their bytes too); they stop counting
+    against the owner's quota. A client that comes back later simply starts over."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    expired = 0
+    for upload in Upload.objects.filter(state=UploadState.OPEN, updated_at__lt=cutoff)[:10_000]:
+        part_path(upload).unlink(missing_ok=True)
+        upload.delete()
+        expired += 1
+    return expired

@@ -39,6 +39,20 @@ def test_operator_initialises_signs_in_and_sees_the_empty_workload_list(live_ser
     assert background == "rgb(17, 24, 39)"
     page.screenshot(path=artifacts / "03-empty-workloads.png", full_page=True)
 
+    page.click("nav >> text=Users")
+    page.fill("#id_username", "alice")
+    page.fill("#id_password", "alice's password")
+    page.click("form.stack button[type=submit]")
+    assert "User alice created." in page.inner_text(".messages")
+    page.click("text=Make administrator")
+    assert "alice is now administrator." in page.inner_text(".messages")
+    page.screenshot(path=artifacts / "08-users.png", full_page=True)
+    page.click("nav >> text=Settings")
+    page.fill("#id_archive_path", "/srv/shared")
+    page.click("form.stack button[type=submit]")
+    assert "Settings saved." in page.inner_text(".messages")
+    page.screenshot(path=artifacts / "09-settings.png", full_page=True)
+
     # The initialisation page no longer exists.
     response = page.goto(live_server.url + "/init/")
     assert response is not None

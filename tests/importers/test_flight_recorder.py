@@ -168,3 +168,10 @@ def test_other_files_are_not_taken_for_dumps(tmp_path):
     assert not fr.detect(tmp_path)
     with pytest.raises(EvidenceError, match="no Flight Recorder dump"):
         fr.load(tmp_path)
+
+
+def test_a_broken_json_dump_fails_clearly(tmp_path):
+    path = tmp_path / "rank_0.json"
+    path.write_text('{"version": "2.9", "pg_config": {}, "entries": [')
+    with pytest.raises(EvidenceError, match="not a readable"):
+        load(path)

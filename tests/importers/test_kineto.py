@@ -82,3 +82,34 @@ def test_a_plain_json_trace_is_not_taken_for_a_flight_recorder_dump(kineto_publi
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(trace))  # distributedInfo.pg_config sits in the first bytes
     assert detect(path).name == "kineto"
+
+
+def test_seq_from_the_trace_wins_over_the_ordinal(tmp_path):
+    kernel = {"Collective name": "allreduce", "In msg nelems": 4, "dtype": "Float", "Process Group Name": "3"}
+    events = [
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "ncclDevKernel_AllReduce",
+            "ts": 10.0 * i,
+            "dur": 1.0,
+            "args": {**kernel, "External id": i},
+        }
+        for i in range(3)
+    ]
+    events += [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "record_param_comms",
+            "ts": 10.0 * i - 1,
+            "dur": 0.5,
+            "args": {"External id": i, "Seq": 40 + i},
+        }
+        for i in range(3)
+    ]
+    path = tmp_path / "rank2.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "distributedInfo": {"rank": 2}, "traceEvents": events}))
+    df = pl.from_arrow(load(path))
+    assert df["seq"].to_list() == [40, 41, 42]
+    assert df["rank"].unique().to_list() == [2]

@@ -228,3 +228,30 @@ def test_agent_autostart_starts_one_detached_agent_holding_the_lock(drive, home,
     lines = marker.read_text().splitlines()
     assert len(lines) == 1
     assert lines[0].split()[0].isdigit()
+
+
+def test_make_install_puts_the_library_under_the_prefix(library, tmp_path):
+    repo = library.parents[3]
+    subprocess.run(["make", "-s", "-C", str(repo / "native/profiler"), "install", f"PREFIX={tmp_path}"], check=True)
+    assert (tmp_path / "lib" / library.name).is_file()
+
+
+def test_the_cuda_device_is_taken_from_the_visible_list_and_the_local_rank(drive, home, env_for):
+    env = env_for(home, CUDA_VISIBLE_DEVICES="3,5", LOCAL_RANK="1")
+    drive("ops", "--ops", "1", env=env)
+    assert set(records(home)["cuda_device"].to_pylist()) == {5}
+
+
+def test_an_unknown_cuda_device_is_minus_one(drive, home):
+    drive("ops", "--ops", "1")
+    assert set(records(home)["cuda_device"].to_pylist()) == {-1}
+
+
+def test_segment_headers_carry_the_job_identity(drive, home, env_for):
+    env = env_for(home, RANK="9", WORLD_SIZE="16", LOCAL_RANK="1", COMMINSIGHT_WORKLOAD_ID="job-42", NODE_IP="10.0.0.7")
+    drive("ops", "--ops", "1", env=env)
+    (segment,) = (home / "inspector_logs").glob("*.cilog.sealed")
+    header = rawlog.read_segment(segment).header
+    assert (header["global_rank"], header["world_size"], header["local_rank"]) == (9, 16, 1)
+    assert header["workload_id"] == "job-42"
+    assert header["node_ip"] == "10.0.0.7"

@@ -73,10 +73,14 @@ def manifest_for(workload: str = "job-7", node: str = "10.0.0.1", ranks: tuple[i
     }
 
 
-def valid_archive(directory: Path, workload: str = "job-7", node: str = "10.0.0.1", ranks=(0, 1)) -> Path:
+def valid_archive(
+    directory: Path, workload: str = "job-7", node: str = "10.0.0.1", ranks=(0, 1), records: int = 8
+) -> Path:
     members = [
         ArchiveMember(
-            f"segments/host-{1000 + r}-1000-0.cilog.sealed", data=segment_bytes(r, workload=workload), records=8
+            f"segments/host-{1000 + r}-1000-0.cilog.sealed",
+            data=segment_bytes(r, n=records, workload=workload),
+            records=records,
         )
         for r in ranks
     ]

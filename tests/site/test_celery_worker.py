@@ -7,7 +7,12 @@ test run, so other suites' workers on the same Redis never take these tasks.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -19,6 +24,7 @@ from apps.workloads.models import Archive, ArchiveState, Workload
 from tests.site.archives import sha256_of, valid_archive
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -73,3 +79,91 @@ def test_uploaded_archive_is_ingested_by_a_real_worker_after_a_retry(
     workload = Workload.objects.get(external_id="job-7", owner=personas.alice)
     assert len(ingest.workload_parquet_files(workload)) == 2
     assert workload.communicators.get().ranks == [0, 1]
+
+
+def start_worker_process(queue: str, data_dir, settings) -> subprocess.Popen:
+    db = connection.settings_dict
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(
+        DJANGO_SETTINGS_MODULE="comminsight_site.settings",
+        DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        REDIS_URL=settings.REDIS_URL,
+        COMMINSIGHT_SERVER_DATA_DIR=str(data_dir),
+        CELERY_QUEUE=queue,
+        LOG_LEVEL="WARNING",
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "comminsight_site",
+        "worker",
+        "-P",
+        "solo",
+        "-Q",
+        queue,
+        "-l",
+        "warning",
+    ]
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_a_worker_killed_mid_ingest_leaves_nothing_and_a_new_worker_finishes(personas, tmp_path, data_dir, settings):
+    if not settings.REDIS_URL or connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL and Redis shared with a worker process")
+    from apps.workloads.tasks import ingest_archive, requeue_stale_archives
+    from comminsight_site.celery import app
+
+    path = valid_archive(tmp_path, ranks=tuple(range(8)), records=40_000)  # ~80 MB of records: seconds to ingest
+    # The row only (no task queued yet): the test sends the task itself, to the worker it controls.
+    archive = Archive.objects.create(
+        sha256=sha256_of(path), size=path.stat().st_size, filename=path.name, owner=personas.alice, path=str(path)
+    )
+    queue = f"comminsight-kill-{os.getpid()}"
+    staging = data_dir / "store" / ".staging" / archive.sha256
+    worker = start_worker_process(queue, data_dir, settings)
+    saved = app.conf.CELERY_TASK_ALWAYS_EAGER
+    app.conf.CELERY_TASK_ALWAYS_EAGER = False
+    try:
+        ingest_archive.apply_async(args=[archive.pk], queue=queue)
+        deadline = time.monotonic() + 60
+        while not staging.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert staging.exists(), "the worker never started the ingest"
+        os.kill(worker.pid, signal.SIGKILL)  # mid-ingest: no chance to clean up
+        worker.wait(timeout=30)
+        archive.refresh_from_db()
+        assert archive.state == ArchiveState.STORED
+        assert not list((data_dir / "store").glob("workload-*/**/*.parquet"))
+
+        worker = start_worker_process(queue, data_dir, settings)
+        Archive.objects.filter(pk=archive.pk).update(created_at=archive.created_at - timedelta(hours=1))
+        with override_requeue_queue(queue):
+            assert requeue_stale_archives() == 1
+        assert wait_for_state(archive.pk, timeout_s=120) == ArchiveState.INGESTED
+    finally:
+        app.conf.CELERY_TASK_ALWAYS_EAGER = saved
+        worker.kill()
+        worker.wait(timeout=30)
+    workload = Workload.objects.get(external_id="job-7", owner=personas.alice)
+    files = ingest.workload_parquet_files(workload)
+    assert len(files) == 8  # one per rank: the killed attempt left no duplicate
+    assert not staging.exists()
+
+
+class override_requeue_queue:
+    """Route ``ingest_archive.delay`` to ``queue`` while active."""
+
+    def __init__(self, queue: str) -> None:
+        from comminsight_site.celery import app
+
+        self.app = app
+        self.queue = queue
+
+    def __enter__(self) -> None:
+        self.saved = self.app.conf.CELERY_TASK_DEFAULT_QUEUE
+        self.app.conf.CELERY_TASK_DEFAULT_QUEUE = self.queue
+
+    def __exit__(self, *exc: object) -> None:
+        self.app.conf.CELERY_TASK_DEFAULT_QUEUE = self.saved

@@ -271,3 +271,37 @@ def test_archives_left_waiting_are_queued_again_and_ingested(personas, tmp_path)
     assert requeue_stale_archives() == 1
     archive.refresh_from_db()
     assert archive.state == ArchiveState.INGESTED
+
+
+def test_deleting_a_workload_removes_its_store_and_uploaded_archives(
+    client, personas, tmp_path, data_dir, django_capture_on_commit_callbacks
+):
+    archive = register(valid_archive(tmp_path), personas.alice)
+    ingest.archive_ingest(archive.pk)
+    archive.refresh_from_db()
+    stored = Path(archive.path)
+    assert stored.exists()
+    client.force_login(personas.alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.delete(f"/api/v1/workloads/{archive.workload_id}/")
+    assert response.status_code == 204
+    assert not Archive.objects.filter(pk=archive.pk).exists()
+    assert not stored.exists()
+    assert [p for p in store_files(data_dir) if p.suffix == ".parquet"] == []
+
+
+def test_abandoned_uploads_expire_and_free_the_quota(personas):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.workloads.models import Upload
+    from apps.workloads.uploads import owner_bytes_in_use, part_path, upload_create, uploads_expire
+
+    upload = upload_create(token=personas.agent_token, sha256="ab" * 32, size=5000, filename="a.tar.zst").upload
+    assert owner_bytes_in_use(personas.alice) == 5000
+    assert uploads_expire() == 0
+    Upload.objects.filter(pk=upload.pk).update(updated_at=timezone.now() - timedelta(days=8))
+    assert uploads_expire() == 1
+    assert not part_path(upload).exists()
+    assert owner_bytes_in_use(personas.alice) == 0

@@ -109,7 +109,14 @@ class Spool:
             found = [p for p in self.dir.iterdir() if p.name.endswith(SUFFIX) and not p.name.startswith(".")]
         except OSError:
             return []
-        return sorted(found, key=lambda p: (p.stat().st_mtime_ns if p.exists() else 0, p.name))
+
+        def age_key(path: Path) -> tuple[int, str]:
+            try:
+                return path.stat().st_mtime_ns, path.name
+            except OSError:  # delivered and removed meanwhile
+                return 0, path.name
+
+        return sorted(found, key=age_key)
 
     def remove(self, archive: Path) -> None:
         archive.unlink(missing_ok=True)
@@ -133,14 +140,16 @@ class Spool:
     def enforce_caps(self) -> None:
         """Drop the oldest archives while the spool is over its byte or age cap (never silently)."""
         with self.lock:
-            paths = self.archives()
-            sizes = {p: p.stat().st_size for p in paths if p.exists()}
-            total = sum(sizes.values())
-            now = time.time()
-            for p in paths:
-                if p not in sizes:
+            stats = {}
+            for p in self.archives():
+                try:
+                    stats[p] = p.stat()
+                except OSError:
                     continue
-                too_old = now - p.stat().st_mtime > self.max_age_s
+            total = sum(st.st_size for st in stats.values())
+            now = time.time()
+            for p, st in stats.items():
+                too_old = now - st.st_mtime > self.max_age_s
                 if total <= self.max_bytes and not too_old:
                     continue
                 entry = self.load(p)
@@ -154,7 +163,7 @@ class Spool:
                     reason,
                 )
                 self.remove(p)
-                total -= sizes[p]
+                total -= st.st_size
                 self.stats.dropped_archives += 1
                 self.stats.dropped_records += entry.records
 

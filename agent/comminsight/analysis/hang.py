@@ -24,7 +24,7 @@ Only sequence counts are needed: sources without timing (Flight Recorder dumps w
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Any
 
 import polars as pl
@@ -387,6 +387,37 @@ def _sink_components(edges: dict[int, set[int]], nodes: set[int]) -> list[set[in
     return sinks
 
 
+def _chain(roots: list[int], edges: dict[int, set[int]], blocked_by: dict[int, list[dict]]) -> list[dict[str, Any]]:
+    """From each root cause outwards (breadth first): the groups a rank blocks and who waits there."""
+    chain: list[dict[str, Any]] = []
+    depth = dict.fromkeys(roots, 0)
+    queue = deque(roots)
+    reverse: dict[int, set[int]] = defaultdict(set)
+    for waiter, blockers in edges.items():
+        for blocker in blockers:
+            reverse[blocker].add(waiter)
+    while queue and len(chain) < 256:
+        rank = queue.popleft()
+        blocks = [
+            {
+                "group_id": g["group_id"],
+                "group_desc": g["group_desc"],
+                "op": g["op"],
+                "seq": g["seq"],
+                "kind": g["kind"],
+                "waiting_ranks": g["waiting_ranks"][:_MAX_LISTED],
+            }
+            for g in blocked_by.get(rank, [])
+        ]
+        chain.append({"rank": rank, "depth": depth[rank], "blocks": blocks})
+        # Only waiters that block somebody themselves extend the chain.
+        for waiter in sorted(reverse.get(rank, ())):
+            if waiter not in depth and waiter in blocked_by:
+                depth[waiter] = depth[rank] + 1
+                queue.append(waiter)
+    return chain
+
+
 def _ranks(values: Any) -> list[int]:
     return [int(v) for v in values] if values is not None else []
 
@@ -456,18 +487,18 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
             item = {"group_id": comm_id, "group_desc": desc_of.get(comm_id), "seq": int(seq), "fields": {}}
             minority: set[int] = set()
             for field in ("op", "dtype", "count"):
-                values: dict[str, list[int]] = defaultdict(list)
+                by_value: dict[str, list[int]] = defaultdict(list)
                 for rank, value in rows.select("rank", field).iter_rows():
                     if value is not None and value != "":
-                        values[str(value)].append(int(rank))
-                if len(values) > 1:
-                    item["fields"][field] = {k: v[:_MAX_LISTED] for k, v in values.items()}
-                    largest = max(len(v) for v in values.values())
-                    majority = [k for k, v in values.items() if len(v) == largest]
+                        by_value[str(value)].append(int(rank))
+                if len(by_value) > 1:
+                    item["fields"][field] = {k: v[:_MAX_LISTED] for k, v in by_value.items()}
+                    largest = max(len(v) for v in by_value.values())
+                    majority = [k for k, v in by_value.items() if len(v) == largest]
                     if len(majority) == 1:
-                        minority.update(r for k, v in values.items() if k != majority[0] for r in v)
+                        minority.update(r for k, v in by_value.items() if k != majority[0] for r in v)
                     else:
-                        minority.update(r for v in values.values() for r in v)
+                        minority.update(r for v in by_value.values() for r in v)
             if not item["fields"]:
                 continue
             item["ranks"] = sorted(minority)
@@ -624,32 +655,7 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
         zip(map(str, with_abandoned["rank"].to_list()), with_abandoned["abandoned"].to_list(), strict=True)
     )
 
-    # The chain: from each root outwards, which groups it blocks and who waits there.
-    chain: list[dict[str, Any]] = []
-    depth = dict.fromkeys(roots, 0)
-    queue = list(roots)
-    reverse: dict[int, set[int]] = defaultdict(set)
-    for w, bs in edges.items():
-        for b in bs:
-            reverse[b].add(w)
-    while queue and len(chain) < 256:
-        rank = queue.pop(0)
-        blocks = [
-            {
-                "group_id": g["group_id"],
-                "group_desc": g["group_desc"],
-                "op": g["op"],
-                "seq": g["seq"],
-                "kind": g["kind"],
-                "waiting_ranks": g["waiting_ranks"][:_MAX_LISTED],
-            }
-            for g in blocked_by.get(rank, [])
-        ]
-        chain.append({"rank": rank, "depth": depth[rank], "blocks": blocks})
-        for waiter in sorted(reverse.get(rank, ())):
-            if waiter not in depth and waiter in blocked_by:
-                depth[waiter] = depth[rank] + 1
-                queue.append(waiter)
+    chain = _chain(roots, edges, blocked_by)
 
     # Per-rank evidence.
     last_ops = df.select("rank", "comm_id", "comm_desc", "op", "seq", "state", "shape", "dtype")[

@@ -35,6 +35,7 @@ def run_command(
     logging.basicConfig(
         level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise in the agent's log
     raise typer.Exit(run(config))
 
 

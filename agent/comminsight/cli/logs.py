@@ -142,7 +142,7 @@ def show(
         err.print(f"[yellow]note:[/yellow] skipped {skipped} corrupt record(s); {torn} segment(s) end in a torn record")
     if output is OutputFormat.jsonl:
         if view.num_rows:
-            sys.stdout.write(pl.from_arrow(view).write_ndjson())
+            sys.stdout.write(pl.DataFrame(view).write_ndjson())
         return
     table = Table(show_lines=False)
     shown = ["comm_hash", "rank", "nranks", "func", "seq", "bytes", "dtype", "peer", "root", "state"]

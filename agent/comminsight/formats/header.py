@@ -102,7 +102,8 @@ _FNV_PRIME = np.uint32(16777619)
 
 def record_checksums(records: np.ndarray) -> np.ndarray:
     """The FNV-1a word checksum (as the header defines it) of each record, vectorised across records."""
-    words = np.ascontiguousarray(records).view("<u4").reshape(len(records), -1).copy()
+    words_per_record = records.dtype.itemsize // 4
+    words = np.ascontiguousarray(records).view("<u4").reshape(len(records), words_per_record).copy()
     words[:, 1] = 0  # the checksum field is taken as zero
     h = np.full(len(records), _FNV_OFFSET, dtype=np.uint32)
     with np.errstate(over="ignore"):

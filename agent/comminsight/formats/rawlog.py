@@ -45,7 +45,7 @@ class Segment:
 
 def _decode_header(raw: np.void) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name in raw.dtype.names:
+    for name in raw.dtype.names or ():
         if name.startswith("_"):
             continue
         value = raw[name]

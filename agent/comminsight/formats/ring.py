@@ -113,14 +113,21 @@ def fast_checksums(records: np.ndarray) -> np.ndarray:
     return h
 
 
-def _checksum_rows(words_t: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """FNV-1a checksum per record from a (64, n) transposed word matrix (rows contiguous)."""
+def _checksum_pairs(pairs_t: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """FNV-1a checksum per record from a (32, n) matrix of the records' u64 word pairs, transposed.
+
+    Transposing 64-bit pairs moves half as many elements as transposing 32-bit words (the transpose
+    is the costliest step); each u32 word is then read as the low or high half of its pair.
+    """
+    n = pairs_t.shape[1]
+    words = pairs_t.view(np.uint32).reshape(pairs_t.shape[0], n, 2)
     out.fill(_FNV_OFFSET)
     with np.errstate(over="ignore"):
-        for index in range(words_t.shape[0]):
-            if index != 1:
-                np.bitwise_xor(out, words_t[index], out=out)
-            np.multiply(out, _FNV_PRIME, out=out)
+        for pair in range(words.shape[0]):
+            for half in (0, 1):
+                if (pair, half) != (0, 1):  # word 1 is the checksum field, taken as zero: no xor
+                    np.bitwise_xor(out, words[pair, :, half], out=out)
+                np.multiply(out, _FNV_PRIME, out=out)
     return out
 
 
@@ -184,7 +191,7 @@ class RingReader:
             self._map, dtype=self._rec_dtype, count=self.capacity, offset=consts["CI_RING_HEADER_SIZE"]
         )
         self._u64 = np.frombuffer(self._map, dtype="<u8", count=consts["CI_RING_HEADER_SIZE"] // 8)
-        self._words = self._slots.view(np.uint32).reshape(self.capacity, -1)
+        self._pairs = self._slots.view(np.uint64).reshape(self.capacity, -1)
         self._magic = np.uint32(consts["CI_RECORD_MAGIC"])
         self._names = tuple(
             n for n in self._rec_dtype.names if not n.startswith("_") and n not in ("magic", "checksum")
@@ -245,19 +252,20 @@ class RingReader:
         n = min(committed, max_records)
         out = {name: np.empty(n, self._rec_dtype[name]) for name in self._names}
         ok = np.empty(n, dtype=bool)
-        words_per_record = self._rec_dtype.itemsize // 4
+        pairs_per_record = self._rec_dtype.itemsize // 8
         chunk = self.CHUNK
-        buf = np.empty((min(chunk, max(n, 1)), words_per_record), dtype=np.uint32)
-        words_t = np.empty((words_per_record, buf.shape[0]), dtype=np.uint32)
+        buf = np.empty((min(chunk, max(n, 1)), pairs_per_record), dtype=np.uint64)
+        pairs_t = np.empty((pairs_per_record, buf.shape[0]), dtype=np.uint64)
         sums = np.empty(buf.shape[0], dtype=np.uint32)
         done = 0
         while done < n:
             slot = (start + done) & self._mask
             m = min(chunk, n - done, self.capacity - slot)  # a chunk never wraps
-            np.copyto(buf[:m], self._words[slot : slot + m])
-            np.copyto(words_t[:, :m], buf[:m].T)
-            h = _checksum_rows(words_t[:, :m], sums[:m])
-            ok[done : done + m] = (words_t[0, :m] == self._magic) & (words_t[1, :m] == h)
+            np.copyto(buf[:m], self._pairs[slot : slot + m])
+            np.copyto(pairs_t[:, :m], buf[:m].T)
+            h = _checksum_pairs(pairs_t[:, :m], sums[:m])
+            first = pairs_t[0, :m]  # magic in the low half, checksum in the high half (little-endian)
+            ok[done : done + m] = ((first & 0xFFFFFFFF) == self._magic) & ((first >> np.uint64(32)) == h)
             view = buf[:m].view(self._rec_dtype).reshape(m)
             for name in self._names:
                 out[name][done : done + m] = view[name]
@@ -278,7 +286,7 @@ class RingReader:
     def close(self) -> None:
         try:
             self._slots = None  # type: ignore[assignment]
-            self._words = None  # type: ignore[assignment]
+            self._pairs = None  # type: ignore[assignment]
             self._u64 = None  # type: ignore[assignment]
             self._map.close()
         except (BufferError, ValueError):

@@ -20,6 +20,7 @@ import json
 import math
 import pickle
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,19 @@ def _int(value: Any, what: str, path: Path, allow_none: bool = True) -> int | No
     return value
 
 
+def _int_field(entry: dict, key: str, index: int, path: Path) -> int | None:
+    """``entry[key]`` as an integer or None; the message is only built on error (this runs per field)."""
+    value = entry.get(key)
+    if value is None or type(value) is int:
+        return value
+    raise EvidenceError(f"{path}: entry {index} {key} must be an integer, found {value!r:.60}")
+
+
+@lru_cache(maxsize=4096)
+def _distinct_dtypes(names: tuple[str, ...]) -> list[str]:
+    return sorted({dtype_name(d) or "" for d in names} - {""})
+
+
 def _ranks(value: Any, path: Path) -> list[int] | None:
     if value is None:
         return None
@@ -202,15 +216,22 @@ def _load_one(path: Path, dump: dict, columns: dict[str, list]) -> int:
     last_kind: dict[str, tuple[int, str]] = {}
     kind_seqs: dict[tuple[str, str], list[int]] = {}
 
+    # Per group, once: description, members, size and this rank's place among them.
+    comm_info: dict[str, tuple[str | None, list[int] | None, int | None, int | None]] = {}
+
     def add_comm(name: str, desc: str | None) -> None:
-        group = groups.get(name, {})
-        ranks = group.get("ranks")
+        info = comm_info.get(name)
+        if info is None:
+            group = groups.get(name, {})
+            ranks = group.get("ranks")
+            position = ranks.index(rank) if ranks is not None and rank in ranks else None
+            info = comm_info[name] = (group.get("desc"), ranks, len(ranks) if ranks is not None else None, position)
         columns["comm_id"].append(name)
         columns["comm_name"].append(name)
-        columns["comm_desc"].append(group.get("desc") or desc)
-        columns["comm_ranks"].append(ranks)
-        columns["comm_size"].append(len(ranks) if ranks is not None else None)
-        columns["comm_rank"].append(ranks.index(rank) if ranks is not None and rank in ranks else None)
+        columns["comm_desc"].append(info[0] or desc)
+        columns["comm_ranks"].append(info[1])
+        columns["comm_size"].append(info[2])
+        columns["comm_rank"].append(info[3])
         columns["rank"].append(rank)
 
     for index, entry in enumerate(entries):
@@ -227,15 +248,15 @@ def _load_one(path: Path, dump: dict, columns: dict[str, list]) -> int:
         op = op_name(profiling_name)
         is_p2p = bool(entry.get("is_p2p", False)) or op in ("send", "recv")
         seq_key = "p2p_seq_id" if is_p2p else "collective_seq_id"
-        seq = _int(entry.get(seq_key), f"entry {index} {seq_key}", path)
+        seq = _int_field(entry, seq_key, index, path)
         state = entry.get("state", "scheduled")
         if state not in _STATES:
             raise EvidenceError(f"{path}: entry {index} has unknown state {state!r:.40}")
         shape, count = _shape_and_count(entry.get("input_sizes"), path, index)
         dtype_list = entry.get("input_dtypes") or []
-        if not isinstance(dtype_list, list | tuple) or not all(isinstance(d, str) for d in dtype_list):
+        if not isinstance(dtype_list, list | tuple) or not all(type(d) is str for d in dtype_list):
             raise EvidenceError(f"{path}: entry {index}: input_dtypes must be a list of names")
-        distinct = sorted({dtype_name(d) or "" for d in dtype_list} - {""})
+        distinct = _distinct_dtypes(tuple(dtype_list))
         dtype = ",".join(distinct) if distinct else None
         peer = None
         if is_p2p and profiling_name:
@@ -248,7 +269,7 @@ def _load_one(path: Path, dump: dict, columns: dict[str, list]) -> int:
         if isinstance(pg_id, int) and not isinstance(pg_id, bool):
             pg_names.setdefault(pg_id, name)
         kind = "p2p" if is_p2p else "comm"
-        record_id = _int(entry.get("record_id"), f"entry {index} record_id", path)
+        record_id = _int_field(entry, "record_id", index, path)
         if seq is not None:
             kind_seqs.setdefault((name, kind), []).append(seq)
             order = record_id if record_id is not None else index
@@ -267,13 +288,9 @@ def _load_one(path: Path, dump: dict, columns: dict[str, list]) -> int:
         columns["shape"].append(shape)
         columns["peer"].append(peer)
         columns["state"].append(_STATES[state])
-        columns["enqueue_ns"].append(_int(entry.get("time_created_ns"), f"entry {index} time_created_ns", path))
-        columns["start_ns"].append(
-            _int(entry.get("time_discovered_started_ns"), f"entry {index} time_discovered_started_ns", path)
-        )
-        columns["end_ns"].append(
-            _int(entry.get("time_discovered_completed_ns"), f"entry {index} time_discovered_completed_ns", path)
-        )
+        columns["enqueue_ns"].append(_int_field(entry, "time_created_ns", index, path))
+        columns["start_ns"].append(_int_field(entry, "time_discovered_started_ns", index, path))
+        columns["end_ns"].append(_int_field(entry, "time_discovered_completed_ns", index, path))
         columns["record_id"].append(record_id)
 
     # pg_status: keyed by the process group's local id; we can only place it for groups whose id

@@ -294,9 +294,12 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
         enqueue_us.append(cpu_ts if cpu_ts is not None else ts)
 
     n = len(columns["rank"])
-    order = np.argsort(np.asarray(enqueue_us, dtype=np.float64), kind="stable") if n else np.zeros(0, np.int64)
-    columns = {k: [v[i] for i in order] for k, v in columns.items()}
-    enqueue = np.asarray(enqueue_us, dtype=np.float64)[order] if n else np.zeros(0)
+    enqueue = np.asarray(enqueue_us, dtype=np.float64)
+    if n and np.any(np.diff(enqueue) < 0):
+        # Kernels are listed by GPU stream; sequences and steps follow the CPU enqueue order.
+        order = np.argsort(enqueue, kind="stable")
+        columns = {k: [v[i] for i in order] for k, v in columns.items()}
+        enqueue = enqueue[order]
 
     # Sequences the trace does not carry: ordinal per (process group, collective|p2p) in enqueue order.
     if n and any(s is None for s in columns["seq"]):

@@ -378,8 +378,11 @@ static void test_hang_timeout_writes_evidence(void) {
     setenv("COMMINSIGHT_HANG_TIMEOUT_S", "1", 1);
     void* ctx = init5("timeout", 2, 0);
     coll_op(ctx, 7, 1, 0);
-    sleep(2); /* the writer scans once a second */
-    int files = count_files("hang_detection", "-timeout-");
+    int files = 0;
+    for (int i = 0; i < 100 && files == 0; i++) { /* the writer scans once a second: wait up to 10 s */
+        usleep(100000);
+        files = count_files("hang_detection", "-timeout-");
+    }
     ncclProfiler_v5.finalize(ctx);
     tally t = read_logs();
     CHECK(files == 1, "timeout evidence files %d", files);

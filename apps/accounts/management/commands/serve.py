@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 def embedded_periodic_tasks(stop: threading.Event) -> None:
     """Without Redis there is no celery beat: run discovery and the lost-workload check in a thread."""
-    from apps.workloads import discovery, ingest, live
+    from apps.workloads import discovery, ingest, live, uploads
 
     while not stop.wait(settings.DISCOVERY_INTERVAL_S):
         try:
@@ -38,6 +38,7 @@ def embedded_periodic_tasks(stop: threading.Event) -> None:
             live.mark_lost_workloads()
             for archive_id in ingest.stale_stored_archives():
                 ingest.archive_ingest(archive_id)
+            uploads.uploads_expire()
         except Exception:  # one bad scan must not end the loop
             logger.exception("periodic discovery failed")
         finally:

@@ -1,0 +1,72 @@
+"""`manage.py serve` (what `make run` starts): a real Daphne on a fresh data directory."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from django.core.management.base import CommandError
+
+from apps.accounts.management.commands.serve import daphne_endpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("listen", "endpoint"),
+    [
+        ("127.0.0.1:8000", "tcp:port=8000:interface=127.0.0.1"),
+        ("0.0.0.0:80", "tcp:port=80:interface=0.0.0.0"),
+        ("[::1]:8080", r"tcp:port=8080:interface=\:\:1"),
+    ],
+)
+def test_listen_addresses_become_daphne_endpoints(listen, endpoint):
+    assert daphne_endpoint(listen) == endpoint
+
+
+@pytest.mark.parametrize("listen", ["8000", "localhost", ":8000", "host:http", ""])
+def test_malformed_listen_addresses_are_refused(listen):
+    with pytest.raises(CommandError, match="HOST:PORT"):
+        daphne_endpoint(listen)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_serve_on_a_bare_machine_starts_daphne_and_names_only_the_token_path(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
+    env.update(COMMINSIGHT_SERVER_DATA_DIR=str(tmp_path), COMMINSIGHT_SERVER_LISTEN=f"127.0.0.1:{port}")
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        server = subprocess.Popen([sys.executable, "manage.py", "serve"], cwd=ROOT, env=env, stdout=out, stderr=out)
+        try:
+            answered = None
+            for _ in range(150):
+                try:
+                    answered = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                    break
+                except httpx.HTTPError:
+                    time.sleep(0.2)
+            assert answered is not None
+            assert answered.json() == {"status": "ok"}
+            home = httpx.get(f"http://127.0.0.1:{port}/")
+            assert home.headers["location"] == "/init/"
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    token = (tmp_path / "bootstrap-token").read_text().strip()
+    output = log.read_text()
+    assert str(tmp_path / "bootstrap-token") in output
+    assert token not in output
+    assert (tmp_path / "db.sqlite3").exists()
