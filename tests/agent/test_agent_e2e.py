@@ -56,9 +56,16 @@ def test_records_survive_agent_sigkill_and_restart_exactly_once(home: Path, star
 
 def test_a_writer_killed_mid_run_keeps_everything_it_wrote(home: Path, start_agent) -> None:
     agent = start_agent()
-    victim = start_writer(home, 0, 2, ops=100000, interval=0.002, segment_records=30)
+    ready = home.parent / "victim-ready"
+    victim = start_writer(home, 0, 2, ops=100000, interval=0.002, segment_records=30, ready=ready)
     survivor = start_writer(home, 1, 2, ops=200, interval=0.002, segment_records=30)
-    time.sleep(1.0)
+    wait_for(ready.exists)
+
+    def victim_ops() -> int:
+        comms = agent.get("/api/v1/communicators").json()["communicators"]
+        return sum(c["ranks"].get("0", {}).get("ops", 0) for c in comms)
+
+    wait_for(lambda: victim_ops() > 50)  # the victim (rank 0) is well into its run
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     assert survivor.wait(60) == 0

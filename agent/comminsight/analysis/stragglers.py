@@ -179,7 +179,7 @@ def _with_steps(df: pl.DataFrame, use_labels: bool) -> tuple[pl.DataFrame, str]:
     ), f"recovered ({report.method})"
 
 
-def _replay(ev: dict[str, np.ndarray], gap: np.ndarray, work: np.ndarray) -> np.ndarray:
+def _replay(ev: dict[str, np.ndarray], gap: np.ndarray, work: np.ndarray, sync: np.ndarray | None = None) -> np.ndarray:
     """End time of every event under the replay model (see module doc); all steps at once.
 
     Iterates from below to the least fixed point; each pass advances every dependency chain
@@ -196,7 +196,7 @@ def _replay(ev: dict[str, np.ndarray], gap: np.ndarray, work: np.ndarray) -> np.
     n_groups = int(group.max()) + 1 if group.size else 0
     n_batches = int(batch.max()) + 1 if batch.size else 0
     safe_prev = np.maximum(prev, 0)
-    waits_cpu, launch = ev["sync"], ev["launch"]
+    waits_cpu, launch = ev["sync"] if sync is None else sync, ev["launch"]
     cpu = step_start.copy()
     for _ in range(max_iter):
         # The host issues an operation a gap after issuing the previous one, or after the
@@ -300,7 +300,9 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     prev_end = np.where(prev >= 0, e[np.maximum(prev, 0)], own_start)
     if issue_model:
         q = ev.get_column("enqueue_ns").to_numpy().astype(np.float64)
-        q = np.minimum(q, s)
+        # An operation issued before its step began (set-up work enqueued early) is replayed as
+        # issued when the step began: the replay starts no rank before the step does.
+        q = np.minimum(np.maximum(q, np.where(prev < 0, own_start, -np.inf)), s)
         prev_q = np.where(prev >= 0, q[np.maximum(prev, 0)], own_start)
         sync = (prev >= 0) & (q >= prev_end)  # issued only after the previous one ended: it waited
         gap = np.maximum(q - np.where(sync | (prev < 0), prev_end, prev_q), 0.0)
@@ -340,6 +342,7 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     arrays["local_work"] = np.where(arrays["matched"], np.nan, work)
     arrays["gap_order"] = np.lexsort((gap, arrays["ref_key"]))
     arrays["work_order"] = np.lexsort((arrays["local_work"], arrays["ref_key"]))
+    arrays["sync_order"] = np.lexsort((sync, arrays["ref_key"]))
     return ev, arrays
 
 
@@ -387,11 +390,18 @@ def _what_if(ev: pl.DataFrame, arrays: dict[str, np.ndarray], culprits: set[int]
     ref_gap = _reference(arrays["ref_key"], gap, mask, arrays["gap_order"])
     ok = mask & ~np.isnan(ref_gap)
     gap[ok] = ref_gap[ok]  # "not slow" means "like the others", not "faster than everyone"
+    # A gap is measured from the previous issue, or from the completion the host waited for; the
+    # culprit takes the others' gap together with how they measured it. (A slow rank's previous
+    # operation has often finished before it issues the next, which looks like a wait but is not.)
+    ref_sync = _reference(arrays["ref_key"], arrays["sync"].astype(np.float64), mask, arrays["sync_order"])
+    sync = arrays["sync"].copy()
+    ok = mask & ~np.isnan(ref_sync)
+    sync[ok] = ref_sync[ok] >= 0.5
     local = ~arrays["matched"]
     ref_work = _reference(arrays["ref_key"], arrays["local_work"], mask, arrays["work_order"])
     ok = mask & local & ~np.isnan(ref_work)
     work[ok] = ref_work[ok]
-    return float(_step_times(arrays, _replay(arrays, gap, work)).sum())
+    return float(_step_times(arrays, _replay(arrays, gap, work, sync)).sum())
 
 
 def analyse_stragglers(

@@ -16,6 +16,7 @@ from pathlib import Path
 import cffi
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 _HEADER_NAME = "comminsight_ring.h"
 
@@ -132,7 +133,15 @@ def records_to_arrow(records: np.ndarray) -> pa.Table:
             continue
         column = records[name]
         if column.dtype.kind == "S":
-            columns[name] = pa.array(np.char.decode(column, "utf-8", errors="replace").astype(object), pa.string())
+            # Few distinct names (func, dtype, algo, comm_name...): decode each once, then gather.
+            width = column.dtype.itemsize
+            raw = np.ascontiguousarray(column)
+            fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(raw), [None, pa.py_buffer(raw)])
+            encoded = pc.dictionary_encode(fixed)
+            distinct = [
+                value.split(b"\0", 1)[0].decode("utf-8", errors="replace") for value in encoded.dictionary.to_pylist()
+            ]
+            columns[name] = pa.array(distinct, pa.string()).take(encoded.indices)
         else:
             columns[name] = pa.array(column)
     return pa.table(columns)

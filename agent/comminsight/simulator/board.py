@@ -23,11 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-# A waiting rank notices the last arrival at most this late. The modelled GPU end (last arrival +
-# transfer) is exact either way, but the waiter's host resumes only once it noticed: a longer
-# back-off delays every rank that waited, so a straggler would slow its peers by more than its own
-# lateness (ping-pong between waiters). Transfers are 0.1-1 ms, so the cap stays below that.
-MAX_POLL_S = 2.5e-4
+# Rendezvous waits: a waiting rank notices the last arrival at most this late. The modelled GPU end
+# (last arrival + transfer) is exact either way, but the waiter's host resumes only once it noticed:
+# a longer back-off delays every rank that waited, so a straggler slowed its peers by more than its
+# own lateness (waiters then arrive late in turn and the delay ping-pongs). Transfers are 0.1-1 ms,
+# so the cap stays below that. Other waits (start-up, a hung rank) keep the cheaper 2 ms.
+RENDEZVOUS_POLL_S = 2.5e-4
 
 _HEADER_WORDS = 8
 
@@ -83,19 +84,19 @@ class Board:
         self.status[rank] = int(status)
         self.beat(rank)
 
-    def wait(self, ready: Callable[[], bool], poll_s: float = 5e-5, max_poll_s: float = MAX_POLL_S) -> None:
+    def wait(self, ready: Callable[[], bool], poll_s: float = 5e-5, max_poll_s: float = 0.002) -> None:
         """Poll ``ready`` with a growing back-off (to ``max_poll_s``) until it is true; raise Aborted on abort."""
         while not ready():
             if self.aborted:
                 raise Aborted
             time.sleep(poll_s)
-            poll_s = min(poll_s * 2, max_poll_s)
+            poll_s = min(poll_s * 2, max(max_poll_s, poll_s))
 
     def arrive_and_wait(self, first_slot: int, n_members: int, slot: int, arrival_ns: int) -> np.ndarray:
         """Publish this member's arrival, then wait until all ``n_members`` arrived; returns the arrivals."""
         members = self.arrivals[first_slot : first_slot + n_members]
         members[slot] = arrival_ns
-        self.wait(lambda: bool(np.all(members != 0)))
+        self.wait(lambda: bool(np.all(members != 0)), max_poll_s=RENDEZVOUS_POLL_S)
         return np.array(members)
 
     def close(self) -> None:

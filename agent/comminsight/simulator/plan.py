@@ -474,7 +474,11 @@ def _megatron(
             b.launch(p2p("Send", False, "pp_send_backward"), p2p("Recv", False, "pp_recv_forward"))
 
     steps = []
+    shard = _STAGE_PARAMS // dp
     for _ in range(config.steps):
+        # Distributed optimizer with overlapped parameter gather: the all-gather of the parameters
+        # updated by the previous step is issued as the step begins (the forward needs it).
+        b.launch(Op("AllGather", dp_comm.index, shard, "ncclBfloat16", role="dp_param_allgather"))
         # One-forward-one-backward pipeline schedule (Megatron's non-interleaved 1F1B).
         warmup = min(pp - p - 1, micro)
         remaining = micro - warmup
@@ -496,12 +500,10 @@ def _megatron(
             recv_backward()
             layer_pass(2 * per_pass, "backward")
             send_backward()
-        # Distributed optimizer: reduce-scatter gradients, grad-norm all-reduce, step, all-gather params.
-        shard = _STAGE_PARAMS // dp
+        # Distributed optimizer: reduce-scatter gradients, grad-norm all-reduce, step.
         b.launch(Op("ReduceScatter", dp_comm.index, shard, "ncclFloat32", role="dp_grad_reduce_scatter"))
         b.launch(Op("AllReduce", mp_comm.index, 1, "ncclFloat32", role="grad_norm"))
         b.compute(0.1, b.launches, "optimizer")
-        b.launch(Op("AllGather", dp_comm.index, shard, "ncclBfloat16", role="dp_param_allgather"))
         if last:
             b.launch(Op("AllReduce", dp_comm.index, 1, "ncclFloat32", role="loss"))
         b.compute(0.0, b.launches, "loss_item")

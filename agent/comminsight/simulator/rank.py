@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from comminsight.simulator.abi import load_plugin
-from comminsight.simulator.board import Aborted, Board, RankStatus
+from comminsight.simulator.board import RENDEZVOUS_POLL_S, Aborted, Board, RankStatus
 from comminsight.simulator.driver import ProfilerDriver
 from comminsight.simulator.plan import (
     SETUP_STEP,
@@ -201,7 +201,7 @@ class RankProcess:
                 continue
             first = int(plan.rendezvous_offsets[rv])
             members = board.arrivals[first : first + len(plan.rendezvous_members[rv])]
-            board.wait(partial(_all_arrived, members))
+            board.wait(partial(_all_arrived, members), max_poll_s=RENDEZVOUS_POLL_S)
             ends.append(int(members.max()) + int(plan.transfer_ns[rv]))
         remaining = max(ends) - time.time_ns()
         if remaining > 0:
