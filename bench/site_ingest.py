@@ -77,29 +77,34 @@ def upload(client: httpx.Client, base: str, path: Path, sha: str) -> float:
     return elapsed
 
 
-def agent_rounds(base: str, token: str, rounds: int, node: str, latencies: list[float], errors: list[str]) -> None:
+def agent_rounds(
+    base: str, token: str, rounds: int, node: str, latencies: list[tuple[str, float]], errors: list[str]
+) -> None:
     with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
         sha = hashlib.sha256(node.encode()).hexdigest()
         created = client.post(base + "uploads/", json={"sha256": sha, "size": 1 << 20, "filename": "ci-x.tar.zst"})
         upload_id = created.json()["upload_id"]
         beat = {"workload_id": "bench", "node": node, "sent_ns": 0, "communicators": []}
         for _ in range(rounds):
-            for send in (
-                lambda: client.post(base + "live/", json=beat),
-                lambda: client.head(f"{base}uploads/{upload_id}/"),
-                lambda: client.post(
-                    base + "uploads/", json={"sha256": sha, "size": 1 << 20, "filename": "ci-x.tar.zst"}
+            for kind, send in (
+                ("heartbeat", lambda: client.post(base + "live/", json=beat)),
+                ("head", lambda: client.head(f"{base}uploads/{upload_id}/")),
+                (
+                    "create",
+                    lambda: client.post(
+                        base + "uploads/", json={"sha256": sha, "size": 1 << 20, "filename": "ci-x.tar.zst"}
+                    ),
                 ),
             ):
                 started = time.perf_counter()
                 response = send()
-                latencies.append(time.perf_counter() - started)
+                latencies.append((kind, time.perf_counter() - started))
                 if response.status_code >= 400:
                     errors.append(f"{response.status_code} {response.text[:80]}")
 
 
-def run_clients(base: str, token: str, clients: int, rounds: int) -> tuple[list[float], list[str]]:
-    latencies: list[float] = []
+def run_clients(base: str, token: str, clients: int, rounds: int) -> tuple[list[tuple[str, float]], list[str]]:
+    latencies: list[tuple[str, float]] = []
     errors: list[str] = []
     threads = [
         threading.Thread(target=agent_rounds, args=(base, token, rounds, f"node-{clients}-{i}", latencies, errors))
@@ -167,8 +172,10 @@ def main() -> None:
                 f"ratio {copy_s / upload_s:.3f} of copy   (target >= 200 MB/s)"
             )
 
-            alone, alone_errors = run_clients(base, token, 1, args.rounds)
-            crowd, crowd_errors = run_clients(base, token, args.clients, args.rounds)
+            alone_by_kind, alone_errors = run_clients(base, token, 1, args.rounds)
+            crowd_by_kind, crowd_errors = run_clients(base, token, args.clients, args.rounds)
+            alone = [t for _, t in alone_by_kind]
+            crowd = [t for _, t in crowd_by_kind]
             p99_alone, p99_crowd = percentile(alone, 0.99), percentile(crowd, 0.99)
             crowd_p50 = statistics.median(crowd) * 1e3
             print(
@@ -177,6 +184,12 @@ def main() -> None:
                 f"   ratio p99 {p99_crowd / p99_alone:.1f}x   (target p99 < 100 ms)   "
                 f"errors {len(alone_errors) + len(crowd_errors)} of {len(alone) + len(crowd)}"
             )
+            for kind in ("heartbeat", "head", "create"):
+                times = [t for k, t in crowd_by_kind if k == kind]
+                print(
+                    f"  {kind:9s} {args.clients} agents: p50 {statistics.median(times) * 1e3:7.1f} ms  "
+                    f"p99 {percentile(times, 0.99) * 1e3:7.1f} ms"
+                )
             for error in sorted(set(alone_errors + crowd_errors))[:5]:
                 print(f"  error: {error}")
         finally:

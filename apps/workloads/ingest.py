@@ -252,7 +252,7 @@ def _apply_metadata(staged: StagedArchive, archive: Archive) -> Workload:
     node, _ = Node.objects.get_or_create(workload=workload, name=facts.node)
     node.host = facts.host or node.host
     node.node_ip = facts.node_ip or node.node_ip
-    node.save()
+    node.save(update_fields=["host", "node_ip", "last_seen_at"])
     for rank in facts.ranks:
         Rank.objects.update_or_create(workload=workload, rank=rank, defaults={"node": node})
     for comm in facts.communicators:
@@ -270,7 +270,8 @@ def _apply_metadata(staged: StagedArchive, archive: Archive) -> Workload:
         workload.last_ns = max(workload.last_ns or facts.last_ns, facts.last_ns)
     workload.first_seen_at = workload.first_seen_at or now
     workload.last_seen_at = max(workload.last_seen_at or now, now)
-    workload.save()
+    # Only these fields: heartbeats update the live fields of the same row concurrently.
+    workload.save(update_fields=["first_ns", "last_ns", "first_seen_at", "last_seen_at", "updated_at"])
     archive.workload = workload
     archive.node = facts.node
     archive.record_count = staged.rows

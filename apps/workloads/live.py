@@ -80,13 +80,14 @@ def live_record_heartbeat(*, token: AgentToken, heartbeat: dict[str, Any]) -> Wo
             external_id=heartbeat["workload_id"],
             defaults={"name": heartbeat["workload_id"], "first_seen_at": now},
         )
-        workload = Workload.objects.select_for_update().get(pk=workload.pk)
+        # No row lock on the workload: 50 nodes' heartbeats would queue behind it. Each heartbeat sees its
+        # own node's latest and every committed other; a concurrent one is counted at the next beat.
         node, _ = Node.objects.get_or_create(workload=workload, name=heartbeat["node"])
         node.host = heartbeat.get("host") or node.host
         node.agent_version = heartbeat.get("agent_version") or node.agent_version
         node.last_heartbeat = heartbeat
         node.last_heartbeat_at = now
-        node.save()
+        node.save(update_fields=["host", "agent_version", "last_heartbeat", "last_heartbeat_at", "last_seen_at"])
         latest = {
             n.name: n.last_heartbeat
             for n in workload.nodes.filter(last_heartbeat_at__gte=fresh_since).exclude(last_heartbeat=None)
@@ -96,7 +97,8 @@ def live_record_heartbeat(*, token: AgentToken, heartbeat: dict[str, Any]) -> Wo
         workload.status = _status(latest, summary)
         workload.first_seen_at = workload.first_seen_at or now
         workload.last_seen_at = now
-        workload.save()
+        # Only the live fields: ingest updates the time range of the same row concurrently.
+        workload.save(update_fields=["live_summary", "status", "first_seen_at", "last_seen_at", "updated_at"])
         transaction.on_commit(lambda: publish_status(workload))
     return workload
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import archived_records, start_writer, wait_for
+from agentkit import archived_records, start_writer, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from pywriter import make_records, write_segment
 
@@ -272,7 +272,7 @@ def test_malformed_rings_and_segments_are_skipped_and_the_agent_keeps_serving(ho
 
 def test_only_one_agent_runs_per_home(home: Path, start_agent) -> None:
     start_agent()
-    from conftest import COMMINSIGHT, fast_env
+    from agentkit import COMMINSIGHT, fast_env
 
     second = subprocess.run(
         [str(COMMINSIGHT), "agent", "run"], env=fast_env(home), capture_output=True, text=True, timeout=30
@@ -284,7 +284,7 @@ def test_only_one_agent_runs_per_home(home: Path, start_agent) -> None:
 def test_a_slave_reports_to_its_master_which_holds_the_cross_node_view(tmp_path: Path, start_agent) -> None:
     master = start_agent()
     slave_home = tmp_path / "slave-home"
-    from conftest import AgentProcess, fast_env
+    from agentkit import AgentProcess, fast_env
 
     slave = AgentProcess(
         slave_home,

@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import COMMINSIGHT, wait_for
+from agentkit import COMMINSIGHT, wait_for
 
 from comminsight.agent.segments import parse_header, records_from_bytes
 from comminsight.formats import header

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import archived_records
+from agentkit import archived_records
 from pywriter import make_records, write_segment
 
 from comminsight.agent import archiver as archiver_module

@@ -20,16 +20,20 @@ import gzip
 import json
 import re
 import zlib
+from itertools import compress
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
+import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from comminsight.importers import EvidenceError, Importer, register
 from comminsight.importers.columns import concat, to_table
-from comminsight.importers.normalise import ITEMSIZE, dtype_name, op_name
+from comminsight.importers.normalise import dtypes, itemsizes, map_distinct, ops
 
 NAME = "kineto"
 MAX_FILE_BYTES = 1 << 30
@@ -42,6 +46,9 @@ _KERNEL_FUNC = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _ALGO = re.compile(r"_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|NVLS|PAT)(?:_|\b|\()", re.I)
 _PROTO = re.compile(r"_(LL128|LL|SIMPLE)(?:_|\b|\()", re.I)
 _PEER_KEYS = ("Peer", "peer", "Dst Rank", "Src Rank", "dst_rank", "src_rank")
+_NUMBER = (int, float)  # exact types: a JSON true/false is a bool, not a number
+_KEY = (int, str, float)  # External ids that can key a lookup
+_NO_ARGS: dict = {}
 
 
 def _head(path: Path) -> bytes:
@@ -81,6 +88,14 @@ def detect(path: Path) -> bool:
     return False
 
 
+def _parse_json(data: bytes) -> Any:
+    """orjson (several times faster); the standard parser only for what orjson refuses but JSON admits (NaN, huge ints)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
 def _read(path: Path) -> dict:
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
@@ -98,7 +113,7 @@ def _read(path: Path) -> dict:
     if len(data) > MAX_JSON_BYTES:
         raise EvidenceError(f"{path}: decompressed trace is over the {MAX_JSON_BYTES}-byte limit")
     try:
-        trace = json.loads(data)
+        trace = _parse_json(data)
     except (ValueError, RecursionError) as exc:
         raise EvidenceError(f"{path}: not valid JSON: {exc}") from exc
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
@@ -167,10 +182,44 @@ def _rank_of(trace: dict, path: Path) -> int:
     raise EvidenceError(f"{path}: cannot tell the rank (no distributedInfo.rank, no 'rank<N>' in the file name)")
 
 
+def _args_of(event: dict) -> dict:
+    args = event.get("args")
+    return args if type(args) is dict else _NO_ARGS
+
+
+def _ints(values: list) -> pa.Array:
+    """``_int_arg`` on a whole column: ints as they are, integral floats as ints, anything else null."""
+    return pa.array(
+        [v if type(v) is int else (int(v) if type(v) is float and v.is_integer() else None) for v in values],
+        pa.int64(),
+    )
+
+
+def _floats(values: list) -> np.ndarray:
+    """``_number`` on a whole column: ints and floats as float64, anything else (bools, text, missing) NaN."""
+    return np.array([v if type(v) is float or type(v) is int else np.nan for v in values], dtype=np.float64)
+
+
+def _texts(values: list) -> pa.Array:
+    """Strings as they are, anything else null."""
+    return pa.array([v if type(v) is str else None for v in values], pa.string())
+
+
+def _ns(us: np.ndarray, base_ns: int, path: Path) -> np.ndarray:
+    """Microseconds on the trace clock -> int64 ns since the epoch (NaN stays NaN-free: callers mask it)."""
+    finite = us[~np.isnan(us)]
+    if len(finite) and not (np.abs(finite).max() * 1000 + abs(base_ns) < 9.2e18):
+        raise EvidenceError(f"{path}: a timestamp is out of range")
+    # np.rint rounds half to even, as Python's round() did.
+    return np.rint(np.nan_to_num(us) * 1000).astype(np.int64) + np.int64(base_ns)
+
+
 def _load_one(path: Path, trace: dict) -> pa.Table:
     rank = _rank_of(trace, path)
     base = trace.get("baseTimeNanoseconds")
     base_ns = int(base) if isinstance(base, int) and not isinstance(base, bool) else 0
+    if abs(base_ns) >= 1 << 62:
+        raise EvidenceError(f"{path}: baseTimeNanoseconds {base_ns} is out of range")
     info_value = trace.get("distributedInfo")
     info: dict = info_value if isinstance(info_value, dict) else {}
     pg_desc: dict[str, tuple[Any, list[int] | None]] = {}
@@ -178,151 +227,116 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
         if isinstance(pg, dict) and "pg_name" in pg:
             pg_desc[str(pg["pg_name"])] = (pg.get("pg_desc"), _ranks(pg.get("ranks")))
 
-    cpu_comms: dict[Any, dict] = {}
-    kernels: list[dict] = []
+    # One filtering pass over the events keeps complete spans ("X") with a name; every later step
+    # works on the few selected events, one column at a time.
+    spans = [e for e in trace["traceEvents"] if type(e) is dict and e.get("ph") == "X" and type(e.get("name")) is str]
+    kernels = [e for e in spans if e.get("cat") == "kernel"]
+    kernel_args = [_args_of(e) for e in kernels]
+    keep = [
+        ("Collective name" in a or e["name"].startswith("nccl")) and type(t := e.get("ts")) in _NUMBER and t == t
+        for e, a in zip(kernels, kernel_args, strict=True)
+    ]
+    kernels, kernel_args = list(compress(kernels, keep)), list(compress(kernel_args, keep))
+    cpu_comms = {
+        x: e
+        for e in spans
+        if e["name"] == "record_param_comms"
+        and e.get("cat") != "kernel"
+        and type(x := _args_of(e).get("External id")) in _KEY
+    }
     steps: list[tuple[float, float, int]] = []
-    for event in trace["traceEvents"]:
-        if not isinstance(event, dict) or event.get("ph") != "X":
-            continue
-        name = event.get("name")
-        if not isinstance(name, str):
-            continue
-        category = event.get("cat")
-        event_args = event.get("args")
-        args: dict = event_args if isinstance(event_args, dict) else {}
-        if category == "kernel":
-            if "Collective name" in args or name.startswith(("nccl", "ncclDev")):
-                kernels.append(event)
-        elif name == "record_param_comms":
-            external = args.get("External id")
-            if external is not None:
-                cpu_comms[external] = event
-        elif category == "user_annotation":
-            match = _STEP.match(name)
+    for event in spans:
+        if event.get("cat") == "user_annotation" and event["name"].startswith("ProfilerStep#"):
+            match = _STEP.match(event["name"])
             ts, dur = _number(event.get("ts")), _number(event.get("dur"))
             if match and ts is not None and dur is not None:
                 steps.append((ts, ts + dur, int(match.group(1))))
+    steps.sort()
 
-    columns: dict[str, list] = {
-        k: []
-        for k in [
-            "rank",
-            "pid",
-            "device",
-            "comm_id",
-            "comm_name",
-            "comm_desc",
-            "comm_size",
-            "comm_ranks",
-            "op",
-            "is_p2p",
-            "seq",
-            "seq_kind",
-            "count",
-            "bytes",
-            "dtype",
-            "peer",
-            "state",
-            "enqueue_ns",
-            "start_ns",
-            "end_ns",
-            "stream",
-            "algo",
-            "proto",
-            "record_id",
-        ]
+    cpu = [cpu_comms.get(x) if type(x := a.get("External id")) in _KEY else None for a in kernel_args]
+    cpu_args = [_args_of(c) if c is not None else _NO_ARGS for c in cpu]
+
+    def merged(key: str) -> list:
+        # Kernel args win over those of the CPU op, as {**cpu_args, **kernel_args} would.
+        return [a[key] if key in a else c.get(key) for a, c in zip(kernel_args, cpu_args, strict=True)]
+
+    try:
+        names = pa.array([e["name"] for e in kernels], pa.string())
+        raw_op = pc.coalesce(_texts(merged("Collective name")), map_distinct(names, lambda n: _kernel_traits(n)[0]))
+        op = ops(raw_op)
+        is_p2p = pc.is_in(op, pa.array(["send", "recv"]))
+        group = [g if type(g) is str else ("unknown" if g is None else str(g)) for g in merged("Process Group Name")]
+        group_arr = pa.array(group, pa.string())
+        listed = {name: value[1] for name, value in pg_desc.items()}
+        ranks = [_ranks(v) or listed.get(g) for v, g in zip(merged("Process Group Ranks"), group, strict=True)]
+        size = _ints(merged("Group size"))
+        size_from_ranks = pa.array([len(r) if r else None for r in ranks], pa.int64())
+        dtype = dtypes(_texts(merged("dtype")))
+        count = _ints(merged("In msg nelems"))
+        itemsize = pa.array(itemsizes(dtype))
+        seq = pc.coalesce(_ints(merged("Seq")), _ints(merged("seq")))
+        peer = pc.coalesce(*[_ints(merged(key)) for key in _PEER_KEYS])
+        descs = [d if d else None for d in merged("Process Group Description")]
+        pg_descs = map_distinct(group_arr, lambda g: pg_desc.get(g, (None, None))[0] if g is not None else None)
+        ts = _floats([e["ts"] for e in kernels])
+        dur = np.nan_to_num(_floats([e.get("dur") for e in kernels]))
+        cpu_ts = _floats([c.get("ts") if c is not None else None for c in cpu])
+        pid = [p if type(p := c.get("pid")) is int else None for c in cpu] if cpu_comms else [None] * len(cpu)
+        bytes_ = pc.if_else(pc.equal(itemsize, 0), pa.scalar(None, pa.int64()), pc.multiply_checked(count, itemsize))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
+        raise EvidenceError(f"{path}: a kernel argument has a value out of range or of the wrong type: {exc}") from exc
+
+    has_cpu = ~np.isnan(cpu_ts)
+    enqueue = np.where(has_cpu, cpu_ts, ts)
+    columns: dict[str, Any] = {
+        "pid": pa.array(pid, pa.int64()) if cpu_comms else pa.nulls(len(cpu), pa.int64()),
+        "device": _ints([a.get("device") for a in kernel_args]),
+        "comm_id": group_arr,
+        "comm_name": group_arr,
+        "comm_desc": pc.coalesce(pa.array(descs, pa.string()), pg_descs) if kernels else pa.array([], pa.string()),
+        "comm_size": pc.coalesce(size, size_from_ranks),
+        "comm_ranks": pa.array(ranks, pa.list_(pa.int32())),
+        "op": op,
+        "is_p2p": is_p2p,
+        "seq": seq,
+        "count": count,
+        "bytes": bytes_,
+        "dtype": dtype,
+        "peer": peer,
+        "enqueue_ns": pa.array(_ns(cpu_ts, base_ns, path), mask=~has_cpu),
+        "start_ns": _ns(ts, base_ns, path),
+        "end_ns": _ns(ts + dur, base_ns, path),
+        "stream": _ints([a.get("stream") for a in kernel_args]),
+        "algo": map_distinct(names, lambda n: _kernel_traits(n)[1] if n else None),
+        "proto": map_distinct(names, lambda n: _kernel_traits(n)[2] if n else None),
+        "record_id": _ints([a.get("External id") for a in kernel_args]),
     }
-    enqueue_us: list[float] = []
-    for kernel in kernels:
-        args_value = kernel.get("args")
-        args = args_value if isinstance(args_value, dict) else {}
-        cpu = cpu_comms.get(args.get("External id"))
-        cpu_args_value = cpu.get("args") if cpu else None
-        cpu_args: dict = cpu_args_value if isinstance(cpu_args_value, dict) else {}
-        merged = {**cpu_args, **args}
-        raw_op = merged.get("Collective name")
-        kernel_func, algo, proto = _kernel_traits(kernel["name"])
-        if not isinstance(raw_op, str):
-            raw_op = kernel_func
-        op = op_name(raw_op)
-        is_p2p = op in ("send", "recv")
-        group = merged.get("Process Group Name")
-        group = str(group) if group is not None else "unknown"
-        desc, listed = pg_desc.get(group, (None, None))
-        ranks = _ranks(merged.get("Process Group Ranks")) or listed
-        dtype = dtype_name(merged.get("dtype")) if isinstance(merged.get("dtype"), str) else None
-        count = _int_arg(merged, "In msg nelems")
-        ts, dur = _number(kernel.get("ts")), _number(kernel.get("dur"))
-        if ts is None:
-            continue
-        cpu_ts = _number(cpu.get("ts")) if cpu else None
-        seq = _int_arg(merged, "Seq")
-        if seq is None:
-            seq = _int_arg(merged, "seq")
-        peer = None
-        for key in _PEER_KEYS:
-            peer = _int_arg(merged, key)
-            if peer is not None:
-                break
-        size = _int_arg(merged, "Group size")
-
-        columns["rank"].append(rank)
-        columns["pid"].append(cpu.get("pid") if cpu and isinstance(cpu.get("pid"), int) else None)
-        columns["device"].append(_int_arg(args, "device"))
-        columns["comm_id"].append(group)
-        columns["comm_name"].append(group)
-        columns["comm_desc"].append(merged.get("Process Group Description") or desc)
-        columns["comm_size"].append(size if size is not None else (len(ranks) if ranks else None))
-        columns["comm_ranks"].append(ranks)
-        columns["op"].append(op)
-        columns["is_p2p"].append(is_p2p)
-        columns["seq"].append(seq)
-        columns["seq_kind"].append("p2p" if is_p2p else "comm")
-        columns["count"].append(count)
-        itemsize = ITEMSIZE.get(dtype or "", 0)
-        columns["bytes"].append(count * itemsize if count is not None and itemsize else None)
-        columns["dtype"].append(dtype)
-        columns["peer"].append(peer)
-        columns["state"].append("completed")
-        columns["enqueue_ns"].append(base_ns + round(cpu_ts * 1000) if cpu_ts is not None else None)
-        columns["start_ns"].append(base_ns + round(ts * 1000))
-        columns["end_ns"].append(base_ns + round((ts + (dur or 0.0)) * 1000))
-        columns["stream"].append(_int_arg(args, "stream"))
-        columns["algo"].append(algo)
-        columns["proto"].append(proto)
-        columns["record_id"].append(_int_arg(args, "External id"))
-        enqueue_us.append(cpu_ts if cpu_ts is not None else ts)
-
-    n = len(columns["rank"])
-    enqueue = np.asarray(enqueue_us, dtype=np.float64)
+    n = len(kernels)
     if n and np.any(np.diff(enqueue) < 0):
         # Kernels are listed by GPU stream; sequences and steps follow the CPU enqueue order.
         order = np.argsort(enqueue, kind="stable")
-        columns = {k: [v[i] for i in order] for k, v in columns.items()}
+        columns = {k: pc.take(v, order) if isinstance(v, pa.Array) else v[order] for k, v in columns.items()}
         enqueue = enqueue[order]
 
     # Sequences the trace does not carry: ordinal per (process group, collective|p2p) in enqueue order.
-    if n and any(s is None for s in columns["seq"]):
-        counters: dict[tuple[str, bool], int] = {}
-        for i in range(n):
-            group_key = (columns["comm_id"][i], columns["is_p2p"][i])
-            counters[group_key] = counters.get(group_key, -1) + 1
-            if columns["seq"][i] is None:
-                columns["seq"][i] = counters[group_key]
+    if n and columns["seq"].null_count:
+        frame = pl.DataFrame({"g": columns["comm_id"], "p": columns["is_p2p"]})
+        ordinal = frame.select(pl.int_range(pl.len(), dtype=pl.Int64).over("g", "p")).to_series().to_arrow()
+        columns["seq"] = pc.coalesce(columns["seq"], ordinal)
 
     # Step labels: the ProfilerStep span the op was enqueued in (one vectorised search).
-    step: list[int | None] = [None] * n
     if steps and n:
-        steps.sort()
         starts = np.array([s[0] for s in steps])
         ends = np.array([s[1] for s in steps])
-        labels = np.array([s[2] for s in steps])
+        labels = np.array([s[2] for s in steps], dtype=np.int64)
         index = np.searchsorted(starts, enqueue, side="right") - 1
         inside = (index >= 0) & (enqueue <= ends[np.clip(index, 0, None)])
-        step = [int(labels[i]) if ok else None for i, ok in zip(index, inside, strict=True)]
-    columns["step"] = step
-    columns["source"] = [NAME] * n
-    ops = to_table(columns, path)
+        columns["step"] = pa.array(labels[np.clip(index, 0, None)], mask=~inside)
+    columns["rank"] = np.full(n, rank, np.int64)
+    columns["seq_kind"] = pc.if_else(columns["is_p2p"], "p2p", "comm") if n else pa.array([], pa.string())
+    columns["state"] = pa.repeat(pa.scalar("completed"), n)
+    columns["source"] = pa.repeat(pa.scalar(NAME), n)
+    ops_table = to_table(columns, path)
 
     # The step spans themselves, as "compute" rows: step boundaries are ground truth for step recovery.
     span_columns = {
@@ -336,7 +350,7 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
         "end_ns": [base_ns + round(s[1] * 1000) for s in steps],
         "source": [NAME] * len(steps),
     }
-    return concat([ops, to_table(span_columns, path)])
+    return concat([ops_table, to_table(span_columns, path)])
 
 
 def load(path: Path) -> pa.Table:

@@ -1,8 +1,8 @@
 /*
  * ci_internal.h - shared declarations of the CommInsight profiler's modules.
  *
- * Modules (one structure each): queue.c (bounded lock-free MPMC queue of slot
- * indices), pool.c (pre-allocated operation slots, sharded free lists),
+ * Modules (one structure each): pool.c (pre-allocated operation slots, sharded
+ * free stacks and completion lists),
  * config.c (env > conf file > defaults), log.c (warnings), ring.c (shared
  * memory ring), segment.c (raw-log segments), hang.c (in-flight scans and
  * evidence), writer.c (background thread), autostart.c (agent start),
@@ -105,25 +105,6 @@ typedef struct ci_config {
 /* Fills *cfg from env > <home>/etc/comminsight.conf > defaults; warns once per bad value. Returns 0. */
 int ci_config_load(ci_config* cfg);
 
-/* ---- queue.c: bounded MPMC queue of uint32 (Vyukov's per-cell sequence scheme) ---- */
-typedef struct ci_cell {
-    _Atomic uint64_t seq;
-    uint64_t value;
-} ci_cell;
-typedef struct ci_queue {
-    ci_cell* cells;
-    uint64_t mask;
-    uint8_t _pad0[CI_CACHELINE - sizeof(void*) - sizeof(uint64_t)];
-    _Atomic uint64_t enq; /* producers' index, own cache line */
-    uint8_t _pad1[CI_CACHELINE - sizeof(uint64_t)];
-    _Atomic uint64_t deq; /* consumers' index, own cache line */
-    uint8_t _pad2[CI_CACHELINE - sizeof(uint64_t)];
-} ci_queue;
-int ci_queue_init(ci_queue* q, uint32_t capacity); /* 0, or -1 (capacity not a power of two / no memory) */
-void ci_queue_free(ci_queue* q);
-int ci_queue_push(ci_queue* q, uint32_t value);  /* 0, or -1 when full */
-int ci_queue_pop(ci_queue* q, uint32_t* value);  /* 0, or -1 when empty */
-
 /* ---- communicators ---- */
 typedef struct ci_comm {
     uint64_t comm_hash;
@@ -141,11 +122,18 @@ enum { CI_SLOT_FREE = 0, CI_SLOT_INFLIGHT = 1, CI_SLOT_DONE = 2 };
 #define CI_REFS_PROXY (1ull << 48) /* one ProxyOp child started (15 bits) */
 #define CI_REFS_DONE  (1ull << 63) /* taken out of flight by finalize: the last part must not complete it */
 
+/*
+ * One operation slot. Every field the event path writes lies in the first three cache lines, and the
+ * event path prefetches those lines for writing one operation ahead (see pool.c), so the slot's lines,
+ * last read by the writer thread, are back in the producer's cache before it needs them.
+ */
 typedef struct __attribute__((aligned(256))) ci_op {
     _Atomic uint64_t refs;       /* low 32: outstanding (the op + open children); high: children started */
     _Atomic uint32_t state;      /* CI_SLOT_* */
     uint32_t index;
-    _Atomic uint32_t next_free;  /* free-stack link: index + 1 of the next free slot, 0 = none */
+    /* index + 1 of the next slot, 0 = none: the free-stack link while free, the shard's completion-list
+       link once completed (the two uses never overlap in time) */
+    _Atomic uint32_t link;
     ci_comm* comm;
     _Atomic uint64_t t_start;    /* ticks */
     _Atomic uint64_t t_stop;     /* ticks, 0 until stopEvent */
@@ -158,21 +146,31 @@ typedef struct __attribute__((aligned(256))) ci_op {
     char func[24], dtype[16], algo[16], proto[16];
 } ci_op;
 
-/* One free stack per shard: (tag << 32 | index + 1) in one word, so a CAS never suffers ABA. */
-typedef struct ci_free_stack {
-    _Atomic uint64_t head;
-    uint8_t _pad[CI_CACHELINE - sizeof(uint64_t)];
-} ci_free_stack;
+/*
+ * Per shard, on a cache line of its own (so one shard's traffic never invalidates another's, nor the
+ * read-mostly pool fields every producer reads): the free stack, (tag << 32 | index + 1) in one word so
+ * a CAS never suffers ABA, and the completion list (index + 1 of the last completed slot; producers push
+ * with one CAS, the writer takes the whole list with one exchange, so it needs no tag).
+ */
+typedef struct __attribute__((aligned(CI_CACHELINE))) ci_shard_lists {
+    _Atomic uint64_t free_head;
+    _Atomic uint32_t done_head;
+} ci_shard_lists;
 
 typedef struct ci_pool {
-    ci_op* ops;
+    /* read by every producer, written only at init: a line of its own */
+    _Alignas(CI_CACHELINE) ci_op* ops;
     uint32_t size, per_shard;
-    ci_free_stack free_s[CI_SHARDS];
-    uint32_t chain_top[CI_SHARDS], chain_bottom[CI_SHARDS]; /* writer-side batch of frees (index + 1) */
+    ci_shard_lists lists[CI_SHARDS];
+    /* writer side only: batch of frees per shard (index + 1), pushed as one chain per cycle */
+    _Alignas(CI_CACHELINE) uint32_t chain_top[CI_SHARDS];
+    uint32_t chain_bottom[CI_SHARDS];
 } ci_pool;
 int ci_pool_init(ci_pool* p, uint32_t size);   /* 0, or -1 on allocation failure */
 void ci_pool_free(ci_pool* p);
 ci_op* ci_pool_alloc(ci_pool* p, unsigned shard); /* NULL when every shard is empty */
+void ci_pool_complete(ci_pool* p, unsigned shard, ci_op* op); /* event path: onto `shard`'s completion list */
+ci_op* ci_pool_take_done(ci_pool* p, unsigned shard); /* writer: the shard's completed slots, oldest first, via link */
 void ci_pool_release(ci_pool* p, ci_op* op);      /* writer side: queued for its home shard */
 void ci_pool_flush_frees(ci_pool* p);             /* writer side: one CAS per shard for all queued frees */
 
@@ -209,18 +207,19 @@ void ci_segment_tick(ci_segment_writer* w, uint64_t now_ns); /* seals a segment 
 void ci_segment_close(ci_segment_writer* w);                 /* seals the open segment */
 
 /* ---- the process-wide runtime (plugin.c owns it) ---- */
-typedef struct ci_shard {
+typedef struct __attribute__((aligned(CI_CACHELINE))) ci_shard {
     _Atomic uint64_t lost;       /* events lost on this shard (pool empty) */
-    uint8_t _pad[CI_CACHELINE - sizeof(uint64_t)];
 } ci_shard;
 
 typedef struct ci_runtime {
     ci_config cfg;
     ci_pool pool;
-    ci_queue done_q[CI_SHARDS];
     ci_shard shards[CI_SHARDS];
-    uintptr_t pool_base, pool_bytes;
-    int32_t pid, cuda_device;
+    /* read on every child/stop event, written at start only: kept off the writer's lines below */
+    _Alignas(CI_CACHELINE) uintptr_t pool_base;
+    uintptr_t pool_bytes;
+    _Alignas(CI_CACHELINE) int32_t pid;
+    int32_t cuda_device;
     char host[64];
     uint64_t start_ns;
     /* writer side, guarded by out_lock */

@@ -1,7 +1,7 @@
 /*
  * plugin.c - event handling and the exported NCCL profiler ABI tables.
  *
- * The process-wide runtime (pool, queues, writer) is created at the first
+ * The process-wide runtime (pool, completion lists, writer) is created at the first
  * init and torn down at the last finalize, so NCCL may unload and reload
  * the library in one process. Event path: a Coll/P2p start takes a slot
  * from the pool (per-thread shard), children (KernelCh, ProxyOp) get the
@@ -12,7 +12,7 @@
  * descriptor's nChannels until that channel's KernelCh stops (as NVIDIA's
  * inspector plugin decides completion), and any extra child until it stops.
  * Whoever closes the last part (one fetch_sub sees the count reach zero)
- * pushes the slot's index onto its shard's done queue. No lock,
+ * pushes the slot onto its shard's completion list. No lock,
  * syscall, allocation or wait on that path; an empty pool drops and counts.
  * The exported tables (v5, v4) are the last thing in this file.
  */
@@ -104,8 +104,8 @@ static inline void* op_start(ci_comm* comm, const void* parent, uint8_t kind, ui
 static inline void op_complete(ci_op* op) {
     atomic_store_explicit(&op->state, CI_SLOT_DONE, memory_order_relaxed);
     op->t_complete = ci_ticks();
-    /* cannot fail: each shard's done queue can hold every slot of the pool */
-    ci_queue_push(&ci_rt->done_q[my_shard()], op->index);
+    /* cannot fail: a completion list is intrusive (the slot's own link), so it can never be full */
+    ci_pool_complete(&ci_rt->pool, my_shard(), op);
 }
 
 static inline void op_release(ci_op* op) {
@@ -211,13 +211,8 @@ static int runtime_start(void) {
     ci_runtime* rt = NULL;
     if (posix_memalign((void**)&rt, CI_CACHELINE, sizeof(*rt)) != 0) return -1;
     memset(rt, 0, sizeof(*rt));
-    int q = 0;
     ci_config_load(&rt->cfg);
     if (ci_pool_init(&rt->pool, rt->cfg.pool_size) != 0) goto fail;
-    uint32_t qcap = 2;
-    while (qcap < rt->pool.size) qcap <<= 1;
-    for (; q < CI_SHARDS; q++)
-        if (ci_queue_init(&rt->done_q[q], qcap) != 0) goto fail;
     rt->pool_base = (uintptr_t)rt->pool.ops;
     rt->pool_bytes = (uintptr_t)rt->pool.size * sizeof(ci_op);
     rt->pid = (int32_t)getpid();
@@ -250,7 +245,6 @@ static int runtime_start(void) {
     ci_writer_start(rt);
     return 0;
 fail:
-    while (--q >= 0) ci_queue_free(&rt->done_q[q]);
     ci_pool_free(&rt->pool);
     free(rt);
     ci_warn("cannot allocate the event pool: profiling is off for this process");
@@ -262,7 +256,6 @@ static void runtime_stop(void) {
     if (rt == NULL) return;
     ci_writer_stop(rt);
     ci_rt = NULL;
-    for (int q = 0; q < CI_SHARDS; q++) ci_queue_free(&rt->done_q[q]);
     ci_pool_free(&rt->pool);
     pthread_mutex_destroy(&rt->out_lock);
     free(rt);

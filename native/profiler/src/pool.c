@@ -1,45 +1,74 @@
 /*
- * pool.c - ci_pool: operation slots pre-allocated at the first init.
+ * pool.c - ci_pool: operation slots pre-allocated at the first init, their
+ * free stacks and their completion lists.
  *
  * Slots are split into CI_SHARDS contiguous blocks, each with its own free
  * stack (Treiber, LIFO); a thread allocates from its shard and steals from
  * the others only when its own is empty, so concurrent producers do not
- * share a counter. LIFO hands back the slot freed last, whose cache lines
- * are most likely still near the producer. The head word carries a 32-bit
- * tag bumped by every change, so a CAS cannot succeed on a recycled head
- * (no ABA). The writer returns each slot to its home shard and only reads
- * the slot itself and pushes its frees as one chain per shard per cycle
- * (one CAS), so it rarely contends with producers on the stack heads.
- * Handles given to NCCL are slot addresses (256-byte aligned), with the low
- * bits tagging children.
+ * share a counter. The head word carries a 32-bit tag bumped by every
+ * change, so a CAS cannot succeed on a recycled head (no ABA). The writer
+ * returns each slot to its home shard as one chain per shard per cycle (one
+ * CAS), so it rarely contends with producers on the stack heads.
+ *
+ * A completed slot goes onto its completing thread's shard list (an
+ * intrusive push-only stack through the slot's own `link`, which lies on a
+ * line the producer already owns): one CAS, no separate cell to fetch. The
+ * writer takes a whole list with one exchange and reverses it, so records
+ * keep completion order per shard. A push-only stack emptied by exchange
+ * has no ABA problem, and it can never be full.
+ *
+ * Cross-core cost: the writer reads a completed slot's lines, and LIFO hands
+ * that slot to a producer again soon after. So when a producer pops a slot
+ * it prefetches the next slot of its stack for writing: those lines come
+ * back with ownership while the current operation runs, not when the next
+ * one starts. Handles given to NCCL are slot addresses (256-byte aligned),
+ * with the low bits tagging children.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "ci_internal.h"
 
-static void stack_push(ci_pool* p, ci_free_stack* s, uint32_t idx) {
-    uint64_t old = atomic_load_explicit(&s->head, memory_order_relaxed), next;
+/* Asks for the cache line holding `p` in exclusive state (a hint: never faults, never blocks). */
+static inline void prefetch_for_write(const void* p) {
+#if defined(__x86_64__)
+    /* PREFETCHW; executes as a NOP on x86 cores that lack it */
+    __asm__ volatile("prefetchw %0" : : "m"(*(const char*)p));
+#else
+    __builtin_prefetch(p, 1, 3);
+#endif
+}
+
+static void stack_push(ci_pool* p, ci_shard_lists* s, uint32_t idx) {
+    uint64_t old = atomic_load_explicit(&s->free_head, memory_order_relaxed), next;
     do {
-        atomic_store_explicit(&p->ops[idx].next_free, (uint32_t)old, memory_order_relaxed);
+        atomic_store_explicit(&p->ops[idx].link, (uint32_t)old, memory_order_relaxed);
         next = (((old >> 32) + 1) << 32) | (uint64_t)(idx + 1);
         /* release: the slot's link (and the writer's reads of it) come before a producer can pop it */
-    } while (!atomic_compare_exchange_weak_explicit(&s->head, &old, next, memory_order_release,
+    } while (!atomic_compare_exchange_weak_explicit(&s->free_head, &old, next, memory_order_release,
                                                     memory_order_relaxed));
 }
 
 /* Returns a slot index, or -1 when the stack is empty. */
-static int64_t stack_pop(ci_pool* p, ci_free_stack* s) {
+static int64_t stack_pop(ci_pool* p, ci_shard_lists* s) {
     /* acquire: pairs with the push's release, so the link read below is the pushed one */
-    uint64_t old = atomic_load_explicit(&s->head, memory_order_acquire), next;
+    uint64_t old = atomic_load_explicit(&s->free_head, memory_order_acquire), next;
+    uint32_t link;
     do {
         uint32_t top = (uint32_t)old;
         if (top == 0) return -1;
         /* may be stale if another thread pops first: the tag then makes the CAS fail */
-        uint32_t link = atomic_load_explicit(&p->ops[top - 1].next_free, memory_order_relaxed);
+        link = atomic_load_explicit(&p->ops[top - 1].link, memory_order_relaxed);
         next = (((old >> 32) + 1) << 32) | link;
-    } while (!atomic_compare_exchange_weak_explicit(&s->head, &old, next, memory_order_acquire,
+    } while (!atomic_compare_exchange_weak_explicit(&s->free_head, &old, next, memory_order_acquire,
                                                     memory_order_acquire));
+    if (link != 0) {
+        /* the slot this thread most likely takes next: the three lines the event path writes */
+        const char* n = (const char*)&p->ops[link - 1];
+        prefetch_for_write(n);
+        prefetch_for_write(n + CI_CACHELINE);
+        prefetch_for_write(n + 2 * CI_CACHELINE);
+    }
     return (int64_t)(uint32_t)old - 1;
 }
 
@@ -54,12 +83,13 @@ int ci_pool_init(ci_pool* p, uint32_t size) {
     p->size = size;
     p->per_shard = size / CI_SHARDS;
     for (int s = 0; s < CI_SHARDS; s++) {
-        atomic_init(&p->free_s[s].head, 0);
+        atomic_init(&p->lists[s].free_head, 0);
+        atomic_init(&p->lists[s].done_head, 0);
         /* pushed high to low so the first pops walk the block in address order */
         for (uint32_t i = p->per_shard; i-- > 0;) {
             uint32_t idx = (uint32_t)s * p->per_shard + i;
             p->ops[idx].index = idx;
-            stack_push(p, &p->free_s[s], idx);
+            stack_push(p, &p->lists[s], idx);
         }
     }
     return 0;
@@ -72,17 +102,44 @@ void ci_pool_free(ci_pool* p) {
 
 ci_op* ci_pool_alloc(ci_pool* p, unsigned shard) {
     for (unsigned k = 0; k < CI_SHARDS; k++) {
-        int64_t idx = stack_pop(p, &p->free_s[(shard + k) % CI_SHARDS]);
+        int64_t idx = stack_pop(p, &p->lists[(shard + k) % CI_SHARDS]);
         if (idx >= 0) return &p->ops[idx];
     }
     return NULL;
+}
+
+void ci_pool_complete(ci_pool* p, unsigned shard, ci_op* op) {
+    _Atomic uint32_t* head = &p->lists[shard].done_head;
+    uint32_t old = atomic_load_explicit(head, memory_order_relaxed);
+    do {
+        atomic_store_explicit(&op->link, old, memory_order_relaxed);
+        /* release: the slot's fields (and its link) are visible to the writer that takes the list */
+    } while (!atomic_compare_exchange_weak_explicit(head, &old, op->index + 1, memory_order_release,
+                                                    memory_order_relaxed));
+}
+
+ci_op* ci_pool_take_done(ci_pool* p, unsigned shard) {
+    /* relaxed peek first: an empty list costs the writer no write to a line producers use */
+    if (atomic_load_explicit(&p->lists[shard].done_head, memory_order_relaxed) == 0) return NULL;
+    /* acquire: synchronises with every push in the list (each is a release RMW on this word) */
+    uint32_t top = atomic_exchange_explicit(&p->lists[shard].done_head, 0, memory_order_acquire);
+    /* reverse: pushes stacked newest first; records go out oldest first */
+    uint32_t prev = 0;
+    while (top != 0) {
+        ci_op* op = &p->ops[top - 1];
+        uint32_t next = atomic_load_explicit(&op->link, memory_order_relaxed);
+        atomic_store_explicit(&op->link, prev, memory_order_relaxed);
+        prev = top;
+        top = next;
+    }
+    return prev != 0 ? &p->ops[prev - 1] : NULL;
 }
 
 void ci_pool_release(ci_pool* p, ci_op* op) {
     /* the state stays DONE (not in flight) until the next op_start; the slot joins a private chain and
        reaches the shared stack in ci_pool_flush_frees, so producers and the writer meet once per batch */
     uint32_t s = op->index / p->per_shard;
-    atomic_store_explicit(&op->next_free, p->chain_top[s], memory_order_relaxed);
+    atomic_store_explicit(&op->link, p->chain_top[s], memory_order_relaxed);
     if (p->chain_top[s] == 0) p->chain_bottom[s] = op->index + 1;
     p->chain_top[s] = op->index + 1;
 }
@@ -91,12 +148,12 @@ void ci_pool_flush_frees(ci_pool* p) {
     for (int s = 0; s < CI_SHARDS; s++) {
         if (p->chain_top[s] == 0) continue;
         ci_op* bottom = &p->ops[p->chain_bottom[s] - 1];
-        uint64_t old = atomic_load_explicit(&p->free_s[s].head, memory_order_relaxed), next;
+        uint64_t old = atomic_load_explicit(&p->lists[s].free_head, memory_order_relaxed), next;
         do {
-            atomic_store_explicit(&bottom->next_free, (uint32_t)old, memory_order_relaxed);
+            atomic_store_explicit(&bottom->link, (uint32_t)old, memory_order_relaxed);
             next = (((old >> 32) + 1) << 32) | p->chain_top[s];
             /* release: the chain's links come before a producer can pop its first slot */
-        } while (!atomic_compare_exchange_weak_explicit(&p->free_s[s].head, &old, next, memory_order_release,
+        } while (!atomic_compare_exchange_weak_explicit(&p->lists[s].free_head, &old, next, memory_order_release,
                                                         memory_order_relaxed));
         p->chain_top[s] = p->chain_bottom[s] = 0;
     }

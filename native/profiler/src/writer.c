@@ -2,7 +2,7 @@
  * writer.c - the background writer: drains completed operations into the
  * shared-memory ring and the raw-log segments.
  *
- * The hot path only pushes slot indices onto per-shard queues; this thread
+ * The hot path only pushes completed slots onto per-shard lists; this thread
  * (started at the first init, joined at the last finalize) wakes every
  * writer_interval_ms, converts each completed slot into a sealed
  * ci_op_record (tick -> CLOCK_REALTIME ns, checksum), hands it to the sinks,
@@ -102,12 +102,14 @@ void ci_writer_emit_locked(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op
 }
 
 static void drain_locked(ci_runtime* rt) {
-    for (int s = 0; s < CI_SHARDS; s++) {
-        uint32_t idx;
-        while (ci_queue_pop(&rt->done_q[s], &idx) == 0) {
-            ci_op* op = &rt->pool.ops[idx];
+    for (unsigned s = 0; s < CI_SHARDS; s++) {
+        ci_op* op = ci_pool_take_done(&rt->pool, s);
+        while (op != NULL) {
+            /* read the link before the release below reuses it for the free chain */
+            uint32_t next = atomic_load_explicit(&op->link, memory_order_relaxed);
             ci_writer_emit_locked(rt, op, CI_STATE_COMPLETED, NULL);
             ci_pool_release(&rt->pool, op);
+            op = next != 0 ? &rt->pool.ops[next - 1] : NULL;
         }
     }
     ci_pool_flush_frees(&rt->pool);

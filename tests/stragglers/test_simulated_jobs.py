@@ -1,0 +1,187 @@
+"""Straggler attribution checked end to end against the simulator's ground truth, for DDP, FSDP and
+Megatron (TP x PP x DP) jobs: rank processes drive the real profiler plugin, its raw logs are
+imported, steps are recovered from the communication alone and the straggler is attributed.
+
+Multi-process: every test starts one OS process per simulated rank (marked ``slow``). Sizes are kept
+small (4-8 ranks, 6 steps of at most 40 ms of compute) for a 2-core machine.
+
+**Injected slowdown** (from ``ground_truth.json`` alone; see docs/analysis-stragglers.md): per step s,
+observed O_s = latest step end minus earliest step start over the ranks (the ``steps`` table); the
+injected extra E_s = the straggler's compute in step s as run minus the same phases without the fault
+(``compute_durations`` of the recorded configuration, with and without the fault: same seed, same
+jitter draws). Injected slowdown = sum O_s / sum (O_s - E_s): the job's observed time over its time had
+the straggler computed like its plan. It assumes the straggler's compute lies on the critical path,
+which holds in these layouts (every collective of DDP and FSDP waits for it; the straggler of the
+Megatron job sits on the last pipeline stage, which 1F1B keeps busy from its first receive on, and
+its tensor- and data-parallel peers wait for it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from comminsight.analysis.stragglers import analyse_stragglers
+from comminsight.importers import load
+from comminsight.semantic import recover_steps
+
+pytestmark = pytest.mark.slow
+
+PROFILER = Path(__file__).resolve().parents[2] / "native" / "profiler"
+FUNC_TO_OP = {
+    "AllReduce": "all_reduce",
+    "AllGather": "all_gather",
+    "ReduceScatter": "reduce_scatter",
+    "Broadcast": "broadcast",
+    "Reduce": "reduce",
+    "Send": "send",
+    "Recv": "recv",
+}
+
+# (layout options, straggler rank). The Megatron straggler (tp=1, dp=0, pp=1) is on the last stage.
+JOBS = {
+    "ddp": ({"layout": "ddp", "ranks": 4, "steps": 6, "step_ms": 40.0, "seed": 3}, 2),
+    "fsdp": ({"layout": "fsdp", "ranks": 4, "steps": 6, "step_ms": 40.0, "layers": 2, "seed": 4}, 1),
+    "megatron": (
+        {
+            "layout": "megatron",
+            "ranks": 8,
+            "tp": 2,
+            "pp": 2,
+            "dp": 2,
+            "layers": 1,
+            "micro_batches": 2,
+            "steps": 5,
+            "step_ms": 40.0,
+            "seed": 5,
+        },
+        5,
+    ),
+}
+SLOW_PCT = 100.0
+FROM_STEP = 1
+
+
+@pytest.fixture(scope="module")
+def plugin() -> Path:
+    simulator = pytest.importorskip("comminsight.simulator")
+    assert simulator
+    if not (PROFILER / "Makefile").is_file():
+        pytest.skip("the profiler plugin is not in this tree")
+    built = PROFILER / "build" / "libnccl-profiler-comminsight.so"
+    build = subprocess.run(["make", "-s", "-C", str(PROFILER)], capture_output=True, text=True, check=False)
+    if build.returncode != 0 and not built.is_file():
+        pytest.skip(f"the profiler plugin does not build here: {build.stderr[-400:]}")
+    return built  # a failed rebuild (sources mid-edit) leaves the last good build in place
+
+
+def injected_slowdown(truth: dict) -> float:
+    """sum O_s / sum (O_s - E_s) over the run's steps (module docstring), from the ground truth alone."""
+    from comminsight.simulator.plan import Straggler, build_plan, compute_durations, config_from_dict
+
+    config = config_from_dict(truth["config"])
+    clean = dataclasses.replace(config, faults=())
+    plan = build_plan(config, check=False)
+    extra = np.zeros(config.steps)
+    for fault in config.faults:
+        if isinstance(fault, Straggler):
+            actions = plan.schedules[fault.rank].steps
+            slow = compute_durations(config, fault.rank, actions)
+            plain = compute_durations(clean, fault.rank, actions)
+            extra += [(sum(a) - sum(b)) * 1e6 for a, b in zip(slow, plain, strict=True)]
+    steps = pl.DataFrame(truth["steps"]).group_by("step").agg(
+        observed=pl.col("end_ns").max() - pl.col("start_ns").min()
+    )
+    observed = steps.get_column("observed").to_numpy().astype(np.float64)
+    without = observed - extra[steps.get_column("step").to_numpy()]
+    return float(observed.sum() / without.sum())
+
+
+def recorded_operations(table: pl.DataFrame, truth: dict) -> pl.DataFrame:
+    """The imported records joined to the ground-truth operations they record (one to one)."""
+    ops = pl.DataFrame(truth["operations"]).filter(pl.col("recorded"))
+    ops = ops.select(
+        "rank",
+        "seq",
+        "gpu_start_ns",
+        "gpu_end_ns",
+        comm_id=pl.col("comm_hash"),
+        op=pl.col("func").replace_strict(FUNC_TO_OP),
+        truth_step=pl.col("step"),
+    )
+    keys = ["rank", "comm_id", "op", "seq"]
+    joined = table.with_row_index("row").with_columns(pl.col("rank").cast(pl.Int64)).join(ops, on=keys, how="inner")
+    assert joined.height == table.height == ops.height, "every record matches exactly one ground-truth operation"
+    return joined
+
+
+def assert_steps_match_ground_truth(table: pl.DataFrame, truth: dict) -> None:
+    """Recovered steps against the ground truth: same operations per step, same boundaries.
+
+    The plugin stores the GPU times NCCL hands it (``pTimer``) unchanged and the simulator passes
+    the same values it writes into the ground truth, so boundaries built from them match exactly
+    (tolerance 0). CPU enqueue times are the plugin's own clock (ticks converted to CLOCK_REALTIME,
+    off by its calibration, microseconds), so they are not used for boundaries.
+    """
+    report = recover_steps(table.drop("step"))
+    joined = recorded_operations(table, truth)
+    recovered = pl.DataFrame({"row": report.event_rows, "recovered": report.event_steps}).with_columns(
+        pl.col("row").cast(pl.UInt32)
+    )
+    joined = joined.join(recovered, on="row", how="left")
+    mismatched = joined.filter(pl.col("recovered") != pl.col("truth_step"))
+    assert mismatched.height == 0, f"operations in the wrong step: {mismatched.select('rank', 'op', 'seq').head(5)}"
+    assert len(report.steps) == truth["config"]["steps"]
+
+    # Per rank: a step starts at its first operation's GPU start and ends where the next one
+    # starts (the last step: at its last operation's GPU end).
+    first = (
+        joined.filter(pl.col("truth_step") >= 0)
+        .group_by("rank", "truth_step")
+        .agg(first_start=pl.col("gpu_start_ns").min(), last_end=pl.col("gpu_end_ns").max())
+        .sort("rank", "truth_step")
+        .with_columns(next_start=pl.col("first_start").shift(-1).over("rank"))
+        .with_columns(expected_end=pl.coalesce("next_start", "last_end"))
+    )
+    rank_steps = report.rank_steps.select(
+        pl.col("rank").cast(pl.Int64), truth_step=pl.col("step"), start_ns="start_ns", end_ns="end_ns"
+    )
+    both = first.join(rank_steps, on=["rank", "truth_step"], how="full", coalesce=True)
+    assert both.filter(pl.col("start_ns") != pl.col("first_start")).height == 0
+    assert both.filter(pl.col("end_ns") != pl.col("expected_end")).height == 0
+    # And each recovered start lies inside the rank's step as the training loop saw it.
+    cpu = pl.DataFrame(truth["steps"]).select("rank", truth_step="step", cpu_start="start_ns", cpu_end="end_ns")
+    inside = both.join(cpu, on=["rank", "truth_step"])
+    assert inside.height == both.height
+    assert inside.filter((pl.col("start_ns") < pl.col("cpu_start")) | (pl.col("start_ns") > pl.col("cpu_end"))).is_empty()
+
+
+@pytest.mark.parametrize("layout", list(JOBS))
+def test_straggler_in_a_simulated_job_is_blamed_first_with_its_injected_slowdown(
+    plugin: Path, tmp_path: Path, layout: str
+) -> None:
+    from comminsight.simulator import SimulationConfig, Straggler, run_simulation
+
+    options, slow_rank = JOBS[layout]
+    config = SimulationConfig(**options, faults=(Straggler(rank=slow_rank, slow_pct=SLOW_PCT, from_step=FROM_STEP),))
+    result = run_simulation(config, plugin, tmp_path / "home")
+    assert all(r["outcome"] == "completed" for r in result.ground_truth["ranks"])
+    truth = json.loads(result.ground_truth_path.read_text())
+    table = pl.from_arrow(load(tmp_path / "home" / "inspector_logs"))
+    assert isinstance(table, pl.DataFrame)
+
+    assert_steps_match_ground_truth(table, truth)
+
+    report = analyse_stragglers(table.drop("step"))
+    injected = injected_slowdown(truth)
+    estimated = report.slowdown["ratio"]
+    assert report.step_source.startswith("recovered")
+    assert report.culprits[0] == slow_rank
+    assert report.ranks[0]["rank"] == slow_rank
+    assert abs(estimated / injected - 1.0) <= 0.10, f"estimated {estimated:.3f}, injected {injected:.3f}"
