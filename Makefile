@@ -11,7 +11,7 @@ PIP := $(VENV)/bin/pip
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/comminsight
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: setup venv frontend profiler run test lint test-python test-native chromium clean
+.PHONY: setup venv frontend profiler run test lint test-python test-native chromium clean install-node
 
 setup: venv profiler frontend
 
@@ -34,6 +34,15 @@ frontend:
 
 run: setup
 	$(PY) manage.py serve
+
+# Install the node side into a CommInsight home: the plugin NCCL loads (<home>/lib) and the agent
+# entry point the plugin autostarts (<home>/bin/comminsight-agent, this checkout's virtualenv).
+COMMINSIGHT_HOME ?= /opt/comminsight
+install-node: venv profiler
+	$(MAKE) -C native/profiler install PREFIX=$(COMMINSIGHT_HOME)
+	install -d $(COMMINSIGHT_HOME)/bin $(COMMINSIGHT_HOME)/etc
+	ln -sf $(abspath $(VENV))/bin/comminsight-agent $(COMMINSIGHT_HOME)/bin/comminsight-agent
+	@echo "export NCCL_PROFILER_PLUGIN=$(COMMINSIGHT_HOME)/lib/libnccl-profiler-comminsight.so COMMINSIGHT_HOME=$(COMMINSIGHT_HOME)"
 
 chromium:
 	@command -v /usr/bin/chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
