@@ -21,16 +21,21 @@ import pyarrow.compute as pc
 _HEADER_NAME = "comminsight_ring.h"
 
 
-def header_path() -> Path:
-    """Where the contract header is: $COMMINSIGHT_RING_HEADER, the packaged copy, or the source tree."""
-    override = os.environ.get("COMMINSIGHT_RING_HEADER")
+def find_include(name: str, env_var: str) -> Path:
+    """Where a contract header of native/profiler/include is: $env_var, the packaged copy, or the source tree."""
+    override = os.environ.get(env_var)
     candidates = [Path(override)] if override else []
-    here = Path(__file__).resolve().parent.parent
-    candidates += [here / "include" / _HEADER_NAME, here.parent.parent / "native/profiler/include" / _HEADER_NAME]
+    package = Path(__file__).resolve().parent.parent
+    candidates += [package / "include" / name, package.parent.parent / "native/profiler/include" / name]
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    raise FileNotFoundError(f"{_HEADER_NAME} not found (looked in {', '.join(map(str, candidates))})")
+    raise FileNotFoundError(f"{name} not found (looked in {', '.join(map(str, candidates))})")
+
+
+def header_path() -> Path:
+    """Where the ring/record header is ($COMMINSIGHT_RING_HEADER overrides)."""
+    return find_include(_HEADER_NAME, "COMMINSIGHT_RING_HEADER")
 
 
 def _parse(text: str) -> tuple[str, dict[str, int]]:

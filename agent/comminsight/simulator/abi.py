@@ -17,20 +17,15 @@ from typing import Any
 
 import cffi
 
+from comminsight.formats.header import find_include
+
 _HEADER_NAME = "nccl_profiler_abi.h"
 ABI_VERSIONS = (4, 5)
 
 
 def abi_header_path() -> Path:
-    """Where the ABI header is: $COMMINSIGHT_ABI_HEADER, the packaged copy, or the source tree."""
-    override = os.environ.get("COMMINSIGHT_ABI_HEADER")
-    candidates = [Path(override)] if override else []
-    package = Path(__file__).resolve().parent.parent
-    candidates += [package / "include" / _HEADER_NAME, package.parent.parent / "native/profiler/include" / _HEADER_NAME]
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(f"{_HEADER_NAME} not found (looked in {', '.join(map(str, candidates))})")
+    """Where the ABI header is ($COMMINSIGHT_ABI_HEADER overrides)."""
+    return find_include(_HEADER_NAME, "COMMINSIGHT_ABI_HEADER")
 
 
 def _parse(text: str) -> tuple[str, dict[str, int]]:

@@ -1,0 +1,1 @@
+../../../native/profiler/include/nccl_profiler_abi.h
