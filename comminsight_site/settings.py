@@ -245,6 +245,9 @@ WORKLOAD_LOST_AFTER_S = env.int("COMMINSIGHT_WORKLOAD_LOST_AFTER_S", default=300
 DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 
+# --- Analysis jobs (apps/analysis) ----------------------------------------------------------------------------
+ANALYSIS_TASK_TIME_LIMIT_S = env.int("COMMINSIGHT_ANALYSIS_TASK_TIME_LIMIT_S", default=1800)
+
 CELERY_BEAT_SCHEDULE.update(
     {
         "discover-archives": {"task": "apps.workloads.tasks.discover_archives", "schedule": DISCOVERY_INTERVAL_S},

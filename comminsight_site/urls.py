@@ -9,8 +9,10 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("", include("apps.accounts.urls")),
     path("", include("apps.workloads.urls")),
+    path("", include("apps.analysis.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include("apps.accounts.api.urls")),
     path("api/v1/", include("apps.workloads.api.urls")),
+    path("api/v1/", include("apps.analysis.api.urls")),
 ]

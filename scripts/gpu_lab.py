@@ -351,8 +351,13 @@ def main() -> int:
 
     phases = []
     for round_no in range(args.rounds):
-        phases.append(run_phase(f"without{round_no}", None, args, work))
-        phases.append(run_phase(f"with{round_no}", plugin, args, work))
+        for name, lib in ((f"without{round_no}", None), (f"with{round_no}", plugin)):
+            phases.append(run_phase(name, lib, args, work))
+            # progress on disk after every phase: a call cut short still brings back the rounds it ran
+            done = [
+                {"name": p["name"], "codes": [str(c) for c in p["codes"]], "step_s": p["median_step_s"]} for p in phases
+            ]
+            (out / "gpu_lab.json").write_text(json.dumps({"versions": versions, "partial": True, "phases": done}))
     with_steps = [t for p in phases if p["plugin"] for r in p["results"] for t in r["step_s"]]
     without_steps = [t for p in phases if not p["plugin"] for r in p["results"] for t in r["step_s"]]
 

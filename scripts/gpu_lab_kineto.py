@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_lab import LAB_ENV, _free_port, read_logs  # noqa: E402 - sibling script, not a package
+from gpu_lab import LAB_ENV, _free_port, read_logs
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -48,9 +48,7 @@ def worker(args: argparse.Namespace) -> None:
     extra = {"device_id": device} if cuda else {}
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group(
-        args.backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120), **extra
-    )
+    dist.init_process_group(args.backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120), **extra)
     half = world // 2
     groups = [dist.new_group(list(range(half))), dist.new_group(list(range(half, world)))]
     mine = groups[0] if rank < half else groups[1]
@@ -192,7 +190,7 @@ def main() -> int:
         "what": "multi-rank Kineto traces, GPU lab (docs/GPU_LAB.md recipe), one injected slow rank",
         "script": "scripts/gpu_lab_kineto.py",
         "command": " ".join(sys.argv),
-        "recorded_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "recorded_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "versions": versions(),
         "backend": args.backend,
         "ranks": args.ranks,
@@ -202,8 +200,10 @@ def main() -> int:
             "slow_rank": args.slow_rank,
             "injected": f"rank {args.slow_rank} sleeps {args.slow_ms} ms on the CPU before backward, every step",
         },
-        "communicators": {"world": list(range(args.ranks)), "subgroups": [[*range(args.ranks // 2)],
-                                                                           [*range(args.ranks // 2, args.ranks)]]},
+        "communicators": {
+            "world": list(range(args.ranks)),
+            "subgroups": [[*range(args.ranks // 2)], [*range(args.ranks // 2, args.ranks)]],
+        },
         "plugin_loaded": bool(plugin),
         "exit_codes": [str(c) for c in codes],
         "elapsed_s": round(elapsed, 1),

@@ -39,12 +39,12 @@ phase "hot-path bench"
 bench() { "$P/profiler_hotpath" "$1" "$P/libnccl-profiler-noop.so" "${@:2}"; }
 timeout 150 bash -c "$(declare -f bench); P=$P
   for rep in 1 2 3; do
-    if [ -n '$BEFORE' ]; then echo \"## before, rep \$rep\"; bench $BEFORE | tail -6; fi
-    echo \"## after, rep \$rep\"; bench $PLUGIN | tail -6
+    if [ -n '$BEFORE' ]; then echo \"## before, rep \$rep\"; bench $BEFORE; fi
+    echo \"## after, rep \$rep\"; bench $PLUGIN
   done
-  echo '## after, COMMINSIGHT_CLOCK=monotonic'; COMMINSIGHT_CLOCK=monotonic bench $PLUGIN | tail -5
-  echo '## after, writer idle during the runs'; COMMINSIGHT_WRITER_INTERVAL_MS=10000 bench $PLUGIN 20 500 | tail -5
-  if [ -n '$BEFORE' ]; then echo '## before, writer idle'; COMMINSIGHT_WRITER_INTERVAL_MS=10000 bench $BEFORE 20 500 | tail -5; fi
+  echo '## after, COMMINSIGHT_CLOCK=monotonic'; COMMINSIGHT_CLOCK=monotonic bench $PLUGIN | tail -6
+  echo '## after, writer idle during the runs'; COMMINSIGHT_WRITER_INTERVAL_MS=10000 bench $PLUGIN 20 500 | tail -6
+  if [ -n '$BEFORE' ]; then echo '## before, writer idle'; COMMINSIGHT_WRITER_INTERVAL_MS=10000 bench $BEFORE 20 500 | tail -6; fi
 " | tee "$OUT/native.txt"
 
 phase "kineto traces + straggler (plugin loaded)"

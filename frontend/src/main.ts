@@ -4,12 +4,14 @@ import { enhanceFilters } from "./filter";
 import { enhanceRelativeTimes } from "./relative-time";
 import { enhanceCopyButtons } from "./copy";
 import { enhanceLiveStatus } from "./live-status";
+import { enhanceAnalysis } from "./analysis";
 
 function start(): void {
   enhanceFilters(document);
   enhanceRelativeTimes(document);
   enhanceCopyButtons(document);
   enhanceLiveStatus(document);
+  enhanceAnalysis(document);
 }
 
 if (document.readyState === "loading") {

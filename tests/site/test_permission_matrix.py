@@ -55,6 +55,17 @@ def alice_upload(p) -> dict:
     return {"upload_id": p.upload.id}
 
 
+def alice_job(p) -> dict:
+    """An analysis job of alice's workload (created on first use in a test)."""
+    from apps.analysis.models import AnalysisJob
+
+    if not hasattr(p, "job"):
+        p.job = AnalysisJob.objects.create(
+            workload=p.workload, kind="hang", parameters={"silence_s": 60.0}, parameters_key="k", created_by=p.alice
+        )
+    return {"workload_id": p.workload.pk, "job_id": p.job.pk}
+
+
 def chunk_headers(p) -> dict:
     import hashlib
 
@@ -206,6 +217,31 @@ MATRIX: dict[str, list[Case]] = {
             kwargs=lambda p: {"workload_id": p.workload.pk, "user_id": p.bob.pk},
         )
     ],
+    "analysis:list": [Case("get", statuses(302, 302, 200, 200, 200, 200, 404), kwargs=ALICE_WORKLOAD)],
+    "analysis:run": [
+        Case(
+            "post", statuses(302, 302, 302, 302, 302, 302, 404), kwargs=ALICE_WORKLOAD, body=lambda p: {"kind": "hang"}
+        ),
+        Case("get", statuses(302, 302, 405, 405, 405, 405, 405), kwargs=ALICE_WORKLOAD),
+    ],
+    "analysis:job": [Case("get", statuses(302, 302, 200, 200, 200, 200, 404), kwargs=alice_job)],
+    "analysis:calibration": [
+        Case(
+            "post",
+            statuses(302, 302, 302, 302, 302, 403, 404),
+            kwargs=ALICE_WORKLOAD,
+            body=lambda p: {"recovered": "3", "framework": "100"},
+        )
+    ],
+    "analysis:trace": [Case("get", statuses(302, 302, 200, 200, 200, 200, 404), kwargs=ALICE_WORKLOAD)],
+    "analysis:trace_download": [Case("get", statuses(302, 302, 200, 200, 200, 200, 404), kwargs=ALICE_WORKLOAD)],
+    "api-analyses": [
+        Case("get", statuses(403, 403, 200, 200, 200, 200, 404), kwargs=ALICE_WORKLOAD, count={"alice": 0, "bob": 0}),
+        Case(
+            "post", statuses(403, 403, 201, 201, 201, 201, 404), kwargs=ALICE_WORKLOAD, body=lambda p: {"kind": "hang"}
+        ),
+    ],
+    "api-analysis-detail": [Case("get", statuses(403, 403, 200, 200, 200, 200, 404), kwargs=alice_job)],
 }
 
 

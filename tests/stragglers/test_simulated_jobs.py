@@ -95,8 +95,8 @@ def injected_slowdown(truth: dict) -> float:
             slow = compute_durations(config, fault.rank, actions)
             plain = compute_durations(clean, fault.rank, actions)
             extra += [(sum(a) - sum(b)) * 1e6 for a, b in zip(slow, plain, strict=True)]
-    steps = pl.DataFrame(truth["steps"]).group_by("step").agg(
-        observed=pl.col("end_ns").max() - pl.col("start_ns").min()
+    steps = (
+        pl.DataFrame(truth["steps"]).group_by("step").agg(observed=pl.col("end_ns").max() - pl.col("start_ns").min())
     )
     observed = steps.get_column("observed").to_numpy().astype(np.float64)
     without = observed - extra[steps.get_column("step").to_numpy()]
@@ -159,7 +159,8 @@ def assert_steps_match_ground_truth(table: pl.DataFrame, truth: dict) -> None:
     cpu = pl.DataFrame(truth["steps"]).select("rank", truth_step="step", cpu_start="start_ns", cpu_end="end_ns")
     inside = both.join(cpu, on=["rank", "truth_step"])
     assert inside.height == both.height
-    assert inside.filter((pl.col("start_ns") < pl.col("cpu_start")) | (pl.col("start_ns") > pl.col("cpu_end"))).is_empty()
+    outside = (pl.col("start_ns") < pl.col("cpu_start")) | (pl.col("start_ns") > pl.col("cpu_end"))
+    assert inside.filter(outside).is_empty()
 
 
 @pytest.mark.parametrize("layout", list(JOBS))

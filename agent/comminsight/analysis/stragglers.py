@@ -14,10 +14,15 @@
    step time the what-if replay saves were the rank (or the culprit group holding it) not slow.
 3. **Causal waiting.** Every member that waited is linked to the member that arrived last.
 4. **What-if.** A replay of each step on its dependency graph: each event starts after the
-   previous one on its rank plus the observed gap, and a matched operation ends when its last
-   member has arrived plus the observed transfer. Making a set of ranks "not slow" replaces
-   their gaps and local (compute) durations by the median of the other ranks for the same
-   operation; the replayed step time with and without gives the slowdown attributed to them.
+   previous one on its rank plus the observed gap, and a matched operation (a collective, or a
+   send with its receive) ends when its last member has arrived plus the observed transfer.
+   With host enqueue times, a gap runs from the previous issue, or from the completion the host
+   waited for; which one is decided per place in the rank's program, over all ranks and steps
+   running it (a slow rank's previous operation has often ended before it issues the next,
+   which looks like a wait and is not). Making a set of ranks "not slow" replaces their gaps
+   (with how they are anchored) and local (compute) durations by the median of the other ranks
+   running the same program in the step (else doing the same operation); the replayed step time
+   with and without gives the slowdown attributed to them.
    Culprits are chosen greedily among single ranks and parallel-coordinate groups (a DP rank, a
    PP stage, a TP rank) while removing the next one still saves ``min_gain`` of the step time
    and at least 3x the median saving of single ranks (the jitter floor);
@@ -37,6 +42,7 @@ from comminsight.semantic.roles import infer_roles
 COORDS = ("dp_rank", "pp_rank", "tp_rank")
 NOISE_MULTIPLE = 3.0  # a culprit saves at least this many times the typical rank's saving
 P2P_WINDOW_NS = 2_000_000  # a receive ends within this of its send handing over
+WAIT_CLOCK_SLACK_NS = 50_000  # CPU issue times and GPU end times come from different clocks
 
 
 def _pair_p2p(p2p: pl.DataFrame) -> pl.DataFrame:
@@ -240,6 +246,10 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
         .then(pl.concat_str([role, pl.col("op"), pl.col("bytes").cast(pl.String)], separator="|"))
         .otherwise(pl.concat_str([role, pl.col("op"), pl.col("comm_name").fill_null("")], separator="|")),
     ).with_columns(occurrence=pl.col("s").rank("ordinal").over("rank", "_step", "label"))
+    # A rank's program in a step: its sequence of operations. Ranks running the same program (a
+    # pipeline stage's data- and tensor-parallel peers) are the best reference for each other.
+    programs = ev.group_by("rank", "_step").agg(program=pl.col("label").str.join("\n").hash())
+    ev = ev.join(programs, on=["rank", "_step"], how="left", maintain_order="left")
     n = ev.height
     idx = np.arange(n)
     r = ev.get_column("rank").to_numpy()
@@ -256,10 +266,12 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     head = np.maximum.accumulate(np.where(~batched, idx, 0))
     prev = np.where(batched, prev[head], prev)
     _, batch = np.unique(head, return_inverse=True)
-    # Symmetric groups: collectives only; local events and P2P get a group of their own.
+    # Symmetric groups: collectives, and each matched send with its receive (a send completes only
+    # once the receiver has posted the receive: it waits for a late receiver as a receive waits for
+    # a late sender). Local events and unmatched P2P get a group of their own.
     grp = ev.get_column("group").fill_null(-1).to_numpy()
     p2p = ev.get_column("is_p2p").fill_null(False).to_numpy()
-    collective = (grp >= 0) & ~p2p
+    collective = grp >= 0
     dense = np.where(collective, grp, -1).astype(np.int64)
     dense[~collective] = grp.max(initial=-1) + 1 + np.arange(int((~collective).sum()))
     _, dense = np.unique(dense, return_inverse=True)
@@ -304,7 +316,18 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
         # issued when the step began: the replay starts no rank before the step does.
         q = np.minimum(np.maximum(q, np.where(prev < 0, own_start, -np.inf)), s)
         prev_q = np.where(prev >= 0, q[np.maximum(prev, 0)], own_start)
-        sync = (prev >= 0) & (q >= prev_end)  # issued only after the previous one ended: it waited
+        labels = ev.get_column("label").to_numpy()
+        prev_label = np.where(prev >= 0, labels[np.maximum(prev, 0)], "")
+        place = pl.DataFrame(
+            {
+                "p": ev.get_column("program").to_numpy(),
+                "a": prev_label,
+                "b": labels,
+                "k": ev.get_column("occurrence").to_numpy(),
+            }
+        )
+        place_id = place.select(pl.struct("p", "a", "b", "k").rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
+        sync = _host_waits(place_id, prev >= 0, q, prev_q, prev_end)
         gap = np.maximum(q - np.where(sync | (prev < 0), prev_end, prev_q), 0.0)
         launch = np.maximum(s - np.maximum(q, np.where(prev >= 0, prev_end, -np.inf)), 0.0)
     else:
@@ -337,13 +360,45 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
         "ref_key": ev.select(pl.struct("_step", "label", "occurrence").rank("dense").cast(pl.Int64) - 1)
         .to_series()
         .to_numpy(),
+        "peer_key": ev.select(pl.struct("_step", "program", "label", "occurrence").rank("dense").cast(pl.Int64) - 1)
+        .to_series()
+        .to_numpy(),
     }
     # Sort orders for the what-if medians, computed once (the values never change, only the mask).
     arrays["local_work"] = np.where(arrays["matched"], np.nan, work)
-    arrays["gap_order"] = np.lexsort((gap, arrays["ref_key"]))
-    arrays["work_order"] = np.lexsort((arrays["local_work"], arrays["ref_key"]))
-    arrays["sync_order"] = np.lexsort((sync, arrays["ref_key"]))
+    for key in ("ref_key", "peer_key"):
+        arrays[f"{key}_gap_order"] = np.lexsort((gap, arrays[key]))
+        arrays[f"{key}_work_order"] = np.lexsort((arrays["local_work"], arrays[key]))
+        arrays[f"{key}_sync_order"] = np.lexsort((sync, arrays[key]))
     return ev, arrays
+
+
+def _host_waits(
+    place: np.ndarray, has_prev: np.ndarray, q: np.ndarray, prev_q: np.ndarray, prev_end: np.ndarray
+) -> np.ndarray:
+    """Per event: did the host wait for the previous operation to complete before issuing it?
+
+    Issuing after the previous operation ended does not prove a wait: a rank whose compute
+    outlasts the operation (a straggler, or anyone when the operation was delayed) issues after
+    the end anyway. Whether a host waits is a property of the program, so it is decided per place
+    in it (the rank's program in the step, previous operation, operation, occurrence), over every
+    rank and step running that program: it waits when the issue (nearly) always follows the end
+    and the time from the end varies less than the time from the previous issue (a wait absorbs
+    the others' lateness; compute does not).
+    """
+    if not has_prev.any():
+        return np.zeros(q.size, dtype=bool)
+    after = q >= prev_end - WAIT_CLOCK_SLACK_NS
+    frame = pl.DataFrame(
+        {"place": place, "after": after, "from_issue": q - prev_q, "from_end": q - prev_end, "ok": has_prev}
+    ).filter(pl.col("ok"))
+    spread = lambda c: pl.col(c).quantile(0.75) - pl.col(c).quantile(0.25)  # noqa: E731
+    votes = frame.group_by("place").agg(
+        waits=(pl.col("after").mean() >= 0.9) & (spread("from_end") <= spread("from_issue"))
+    )
+    waits = np.zeros(int(place.max()) + 1, dtype=bool)
+    waits[votes.get_column("place").to_numpy()] = votes.get_column("waits").to_numpy()
+    return has_prev & waits[place] & (q >= prev_end)
 
 
 def _reference(
@@ -383,22 +438,32 @@ def _step_times(arrays: dict[str, np.ndarray], end: np.ndarray) -> np.ndarray:
     return hi - lo
 
 
+def _typical(arrays: dict[str, np.ndarray], values: np.ndarray, name: str, mask: np.ndarray) -> np.ndarray:
+    """Per event, the median of ``values`` over the non-culprit ranks doing the same thing.
+
+    Preferably ranks that ran the same program in the step (same operations in the same order:
+    a pipeline stage's peers), else any rank with the same operation and occurrence in the step.
+    """
+    peers = _reference(arrays["peer_key"], values, mask, arrays[f"peer_key_{name}_order"])
+    anyone = _reference(arrays["ref_key"], values, mask, arrays[f"ref_key_{name}_order"])
+    return np.where(np.isnan(peers), anyone, peers)
+
+
 def _what_if(ev: pl.DataFrame, arrays: dict[str, np.ndarray], culprits: set[int], base_total: float) -> float:
     """Replayed total time with ``culprits`` made not slow."""
     mask = np.isin(arrays["rank"], list(culprits))
     gap, work = arrays["gap"].copy(), arrays["work"].copy()
-    ref_gap = _reference(arrays["ref_key"], gap, mask, arrays["gap_order"])
+    ref_gap = _typical(arrays, gap, "gap", mask)
     ok = mask & ~np.isnan(ref_gap)
     gap[ok] = ref_gap[ok]  # "not slow" means "like the others", not "faster than everyone"
     # A gap is measured from the previous issue, or from the completion the host waited for; the
-    # culprit takes the others' gap together with how they measured it. (A slow rank's previous
-    # operation has often finished before it issues the next, which looks like a wait but is not.)
-    ref_sync = _reference(arrays["ref_key"], arrays["sync"].astype(np.float64), mask, arrays["sync_order"])
+    # culprit takes the others' gap together with how they measured it.
+    ref_sync = _typical(arrays, arrays["sync"].astype(np.float64), "sync", mask)
     sync = arrays["sync"].copy()
     ok = mask & ~np.isnan(ref_sync)
     sync[ok] = ref_sync[ok] >= 0.5
     local = ~arrays["matched"]
-    ref_work = _reference(arrays["ref_key"], arrays["local_work"], mask, arrays["work_order"])
+    ref_work = _typical(arrays, arrays["local_work"], "work", mask)
     ok = mask & local & ~np.isnan(ref_work)
     work[ok] = ref_work[ok]
     return float(_step_times(arrays, _replay(arrays, gap, work, sync)).sum())

@@ -20,16 +20,20 @@ import json
 import math
 import pickle
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from comminsight.evidence import PROGRESS_OP
 from comminsight.importers import EvidenceError, Importer, register
-from comminsight.importers.columns import to_table
-from comminsight.importers.normalise import ITEMSIZE, dtype_name, op_name, shape_text, trailing_int
+from comminsight.importers.columns import concat, to_table
+from comminsight.importers.normalise import ITEMSIZE, dtype_name, map_distinct, ops, shape_text, trailing_int
 
 NAME = "flight_recorder"
 MAX_FILE_BYTES = 512 * 1024 * 1024
@@ -108,7 +112,9 @@ def _read(path: Path) -> dict:
         raise EvidenceError(f"{path}: {size} bytes is over the {MAX_FILE_BYTES}-byte limit for a dump")
     data = path.read_bytes()
     try:
-        dump = _RestrictedUnpickler(io.BytesIO(data)).load() if data[:1] == b"\x80" else json.loads(data)
+        # A buffered reader lets the C unpickler read ahead (several times faster on unframed protocol-2 dumps).
+        source = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 16)
+        dump = _RestrictedUnpickler(source).load() if data[:1] == b"\x80" else json.loads(data)
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
         raise EvidenceError(f"{path}: not a readable Flight Recorder dump: {exc}") from exc
     except (RecursionError, MemoryError, OverflowError) as exc:
@@ -121,22 +127,6 @@ def _read(path: Path) -> dict:
     if len(entries) > MAX_ENTRIES:
         raise EvidenceError(f"{path}: {len(entries)} entries is over the limit of {MAX_ENTRIES}")
     return dump
-
-
-def _int(value: Any, what: str, path: Path, allow_none: bool = True) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise EvidenceError(f"{path}: {what} must be an integer, found {value!r:.60}")
-    return value
-
-
-def _int_field(entry: dict, key: str, index: int, path: Path) -> int | None:
-    """``entry[key]`` as an integer or None; the message is only built on error (this runs per field)."""
-    value = entry.get(key)
-    if value is None or type(value) is int:
-        return value
-    raise EvidenceError(f"{path}: entry {index} {key} must be an integer, found {value!r:.60}")
 
 
 @lru_cache(maxsize=4096)
@@ -208,161 +198,295 @@ def _shape_and_count(sizes: Any, path: Path, index: int) -> tuple[str | None, in
     return shape_text(sizes), count
 
 
-def _load_one(path: Path, dump: dict, columns: dict[str, list]) -> int:
+def _int_column(values: list, key: Callable[[int], str], path: Path) -> pa.Array:
+    """An int64 column of integers or None; the first other value is reported with its entry index."""
+    try:
+        array = pa.array(values, pa.int64())
+        if all(type(v) is int or v is None for v in values):
+            return array
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+        pass
+    for index, value in enumerate(values):
+        if not (value is None or type(value) is int) or (value is not None and not -(1 << 63) <= value < 1 << 63):
+            raise EvidenceError(f"{path}: entry {index} {key(index)} must be an integer, found {value!r:.60}")
+    raise EvidenceError(f"{path}: {key(0)} must be integers")
+
+
+def _shapes(sizes: list, path: Path) -> tuple[pa.Array, pa.Array]:
+    """(shape text, element count) columns from the entries' ``input_sizes``, checked and computed vectorised.
+
+    Anything off the plain path (a bound exceeded, a non-integer or negative dimension) is handed to
+    ``_shape_and_count`` entry by entry, which names the first bad entry.
+    """
+
+    def explain() -> None:
+        for index, value in enumerate(sizes):
+            _shape_and_count(value, path, index)
+        raise EvidenceError(f"{path}: input_sizes must be lists of tensor shapes")
+
+    try:
+        outer = pa.array(sizes)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+        explain()
+    if pa.types.is_null(outer.type):
+        return pa.nulls(len(sizes), pa.string()), pa.nulls(len(sizes), pa.int64())
+    if not (pa.types.is_list(outer.type) and pa.types.is_list(outer.type.value_type)):
+        explain()
+    if not pa.types.is_integer(outer.type.value_type.value_type) and len(outer.flatten().flatten()):
+        explain()
+    outer = outer.cast(pa.list_(pa.list_(pa.int64())))
+    tensors = outer.flatten()
+    dims = tensors.flatten()
+    tensor_counts = pc.fill_null(pc.list_value_length(outer), 0).to_numpy()
+    dim_counts = pc.list_value_length(tensors).to_numpy(zero_copy_only=False)
+    if (
+        tensors.null_count
+        or dims.null_count
+        or (len(tensor_counts) and tensor_counts.max() > MAX_TENSORS_PER_ENTRY)
+        or (len(dim_counts) and dim_counts.max() > MAX_DIMS)
+        or (len(dims) and pc.min(dims).as_py() < 0)
+    ):
+        explain()
+    # Elements per tensor: a (tensors x widest shape) matrix padded with ones, multiplied along rows.
+    values = dims.to_numpy()
+    width = int(dim_counts.max()) if len(dim_counts) else 0
+    starts = np.repeat(np.cumsum(dim_counts) - dim_counts, dim_counts)
+    row = np.repeat(np.arange(len(dim_counts)), dim_counts)
+    matrix = np.ones((len(dim_counts), max(width, 1)), np.int64)
+    matrix[row, np.arange(len(values)) - starts] = values
+    # The same product in floating point tells an overflow apart (math.prod would give a huge int).
+    if len(values) and matrix.astype(np.float64).prod(axis=1).sum() >= 2**62:
+        raise EvidenceError(f"{path}: input_sizes describe a tensor with too many elements")
+    per_tensor = np.concatenate(([0], np.cumsum(matrix.prod(axis=1))))
+    bounds = np.concatenate(([0], np.cumsum(tensor_counts)))
+    count = pa.array(
+        per_tensor[bounds[1:]] - per_tensor[bounds[:-1]], mask=~outer.is_valid().to_numpy(zero_copy_only=False)
+    )
+    texts = pl.Series(outer).list.eval(
+        pl.lit("[") + pl.element().list.eval(pl.element().cast(pl.String)).list.join(", ") + pl.lit("]")
+    )
+    shape = pl.lit("[") + pl.col("s").list.join(", ") + pl.lit("]")
+    return pl.DataFrame({"s": texts}).select(shape).to_series().to_arrow(), count
+
+
+@lru_cache(maxsize=4096)
+def _dtype_info(names: tuple) -> tuple[str | None, int] | None:
+    """(joined distinct dtypes, item size when there is exactly one) of one entry's dtype list; None if not text."""
+    if not all(type(d) is str for d in names):
+        return None
+    distinct = _distinct_dtypes(names)
+    return (",".join(distinct) if distinct else None), (ITEMSIZE.get(distinct[0], 0) if len(distinct) == 1 else 0)
+
+
+def _dtypes(dtype_lists: list, path: Path) -> tuple[pa.Array, np.ndarray]:
+    """(dtype column, item sizes), each distinct dtype list normalised once."""
+    info = []
+    for index, names in enumerate(dtype_lists):
+        try:
+            found = _dtype_info(tuple(names)) if isinstance(names, list | tuple) else None
+        except TypeError:  # an unhashable element: not a name
+            found = None
+        if found is None:
+            raise EvidenceError(f"{path}: entry {index}: input_dtypes must be a list of names")
+        info.append(found)
+    return pa.array([i[0] for i in info], pa.string()), np.array([i[1] for i in info], np.int64)
+
+
+@lru_cache(maxsize=4096)
+def _local_peer(profiling_name: str | None) -> int | None:
+    match = _P2P_NAME.search(profiling_name) if profiling_name else None
+    # A peer number no group could hold is not a peer.
+    return int(match.group(4)) if match and len(match.group(4)) < 10 else None
+
+
+def _fail_at(flags: list[bool], message: str, path: Path, values: list) -> None:
+    if any(flags):
+        index = flags.index(True)
+        raise EvidenceError(f"{path}: entry {index}{message.format(value=values[index])}")
+
+
+def _load_one(path: Path, dump: dict) -> tuple[int, pa.Table]:
     groups = _groups(dump, path)
     rank = _rank_of(dump, path, groups)
     entries = dump.get("entries", []) or []
-    pg_names: dict[int, str] = {}
-    last_kind: dict[str, tuple[int, str]] = {}
-    kind_seqs: dict[tuple[str, str], list[int]] = {}
+    n = len(entries)
+    _fail_at([not isinstance(e, dict) for e in entries], " is not a dict", path, entries)
 
-    # Per group, once: description, members, size and this rank's place among them.
-    comm_info: dict[str, tuple[str | None, list[int] | None, int | None, int | None]] = {}
+    # One list per source field, then checks and mappings on whole columns.
+    process_group = [e.get("process_group") for e in entries]
+    _fail_at([not (isinstance(g, list | tuple) and g) for g in process_group], " has no process_group", path, entries)
+    names = [g[0] if type(g[0]) is str else str(g[0]) for g in process_group]
+    descs = [str(g[1]) if len(g) > 1 and g[1] is not None else None for g in process_group]
+    profiling = [e.get("profiling_name") for e in entries]
+    _fail_at([p is not None and type(p) is not str for p in profiling], ": profiling_name must be text", path, entries)
+    profiling_arr = pa.array(profiling, pa.string())
+    op = ops(profiling_arr)
+    send_recv = pc.is_in(op, pa.array(["send", "recv"])).to_numpy(zero_copy_only=False)
+    is_p2p = np.array([bool(e.get("is_p2p", False)) for e in entries], bool) | send_recv
+    p2p_list = is_p2p.tolist()
+    seq_values = [
+        e.get("p2p_seq_id") if p2p else e.get("collective_seq_id") for e, p2p in zip(entries, p2p_list, strict=True)
+    ]
+    seq = _int_column(seq_values, lambda i: "p2p_seq_id" if p2p_list[i] else "collective_seq_id", path)
+    states = [e.get("state", "scheduled") for e in entries]
+    _fail_at([type(s) is not str or s not in _STATES for s in states], " has unknown state {value!r:.40}", path, states)
+    shape, count = _shapes([e.get("input_sizes") for e in entries], path)
+    dtype, itemsize = _dtypes([e.get("input_dtypes") or [] for e in entries], path)
+    record_id = _int_column([e.get("record_id") for e in entries], lambda i: "record_id", path)
+    times = {
+        column: _int_column([e.get(key) for e in entries], lambda i, key=key: key, path)
+        for column, key in (
+            ("enqueue_ns", "time_created_ns"),
+            ("start_ns", "time_discovered_started_ns"),
+            ("end_ns", "time_discovered_completed_ns"),
+        )
+    }
+    try:
+        bytes_ = pc.multiply_checked(count, pa.array(itemsize))
+    except pa.ArrowInvalid as exc:
+        raise EvidenceError(f"{path}: an entry's byte size is out of range") from exc
+    bytes_ = pc.if_else(pa.array(itemsize == 0), pa.scalar(None, pa.int64()), bytes_)
 
-    def add_comm(name: str, desc: str | None) -> None:
-        info = comm_info.get(name)
-        if info is None:
-            group = groups.get(name, {})
-            ranks = group.get("ranks")
-            position = ranks.index(rank) if ranks is not None and rank in ranks else None
-            info = comm_info[name] = (group.get("desc"), ranks, len(ranks) if ranks is not None else None, position)
-        columns["comm_id"].append(name)
-        columns["comm_name"].append(name)
-        columns["comm_desc"].append(info[0] or desc)
-        columns["comm_ranks"].append(info[1])
-        columns["comm_size"].append(info[2])
-        columns["comm_rank"].append(info[3])
-        columns["rank"].append(rank)
+    # Per group, once: description, members, size and this rank's place among them; spread by group code.
+    names_arr = pa.array(names, pa.string())
+    encoded = pc.dictionary_encode(names_arr) if n else None
+    distinct = encoded.dictionary.to_pylist() if n else []
+    info = [_comm_info(groups, name, rank) for name in distinct]
 
-    for index, entry in enumerate(entries):
-        if not isinstance(entry, dict):
-            raise EvidenceError(f"{path}: entry {index} is not a dict")
-        group = entry.get("process_group")
-        if not isinstance(group, list | tuple) or not group:
-            raise EvidenceError(f"{path}: entry {index} has no process_group")
-        name = str(group[0])
-        desc = str(group[1]) if len(group) > 1 and group[1] is not None else None
-        profiling_name = entry.get("profiling_name")
-        if profiling_name is not None and not isinstance(profiling_name, str):
-            raise EvidenceError(f"{path}: entry {index}: profiling_name must be text")
-        op = op_name(profiling_name)
-        is_p2p = bool(entry.get("is_p2p", False)) or op in ("send", "recv")
-        seq_key = "p2p_seq_id" if is_p2p else "collective_seq_id"
-        seq = _int_field(entry, seq_key, index, path)
-        state = entry.get("state", "scheduled")
-        if state not in _STATES:
-            raise EvidenceError(f"{path}: entry {index} has unknown state {state!r:.40}")
-        shape, count = _shape_and_count(entry.get("input_sizes"), path, index)
-        dtype_list = entry.get("input_dtypes") or []
-        if not isinstance(dtype_list, list | tuple) or not all(type(d) is str for d in dtype_list):
-            raise EvidenceError(f"{path}: entry {index}: input_dtypes must be a list of names")
-        distinct = _distinct_dtypes(tuple(dtype_list))
-        dtype = ",".join(distinct) if distinct else None
-        peer = None
-        if is_p2p and profiling_name:
-            match = _P2P_NAME.search(profiling_name)
-            ranks = groups.get(name, {}).get("ranks")
-            if match:
-                local_peer = int(match.group(4))
-                peer = ranks[local_peer] if ranks is not None and local_peer < len(ranks) else local_peer
-        pg_id = entry.get("pg_id")
-        if isinstance(pg_id, int) and not isinstance(pg_id, bool):
-            pg_names.setdefault(pg_id, name)
-        kind = "p2p" if is_p2p else "comm"
-        record_id = _int_field(entry, "record_id", index, path)
-        if seq is not None:
-            kind_seqs.setdefault((name, kind), []).append(seq)
-            order = record_id if record_id is not None else index
-            if name not in last_kind or order >= last_kind[name][0]:
-                last_kind[name] = (order, kind)
+    def spread(values: list, type_: pa.DataType) -> pa.Array:
+        return pa.array(values, type_).take(encoded.indices) if n else pa.array([], type_)
 
-        add_comm(name, desc)
-        columns["op"].append(op)
-        columns["is_p2p"].append(is_p2p)
-        columns["seq"].append(seq)
-        columns["seq_kind"].append(kind)
-        columns["count"].append(count)
-        itemsize = ITEMSIZE.get(distinct[0], 0) if len(distinct) == 1 else 0
-        columns["bytes"].append(count * itemsize if count is not None and itemsize else None)
-        columns["dtype"].append(dtype)
-        columns["shape"].append(shape)
-        columns["peer"].append(peer)
-        columns["state"].append(_STATES[state])
-        columns["enqueue_ns"].append(_int_field(entry, "time_created_ns", index, path))
-        columns["start_ns"].append(_int_field(entry, "time_discovered_started_ns", index, path))
-        columns["end_ns"].append(_int_field(entry, "time_discovered_completed_ns", index, path))
-        columns["record_id"].append(record_id)
+    # P2P peers: the "a->b" in the name is a group rank; the group's member list makes it global.
+    local_peer = map_distinct(profiling_arr, _local_peer, pa.int64()).to_numpy(zero_copy_only=False)
+    peer = np.full(n, np.nan)
+    code = encoded.indices.to_numpy() if n else np.zeros(0, np.int32)
+    for group_code, (_desc, ranks, _size, _position) in enumerate(info):
+        rows = is_p2p & (code == group_code) & ~np.isnan(local_peer)
+        if rows.any():
+            local = local_peer[rows].astype(np.int64)
+            if ranks is not None:
+                members = np.asarray(ranks, np.int64)
+                local = np.where(local < len(members), members[np.clip(local, 0, max(len(members) - 1, 0))], local)
+            peer[rows] = local
 
-    # pg_status: keyed by the process group's local id; we can only place it for groups whose id
-    # appears in the entries. It counts whichever sequence (collective or P2P) the group last used,
-    # so it is trusted only when it agrees with the entries of that kind.
+    table = to_table(
+        {
+            "rank": np.full(n, rank, np.int64),
+            "comm_id": names_arr,
+            "comm_name": names_arr,
+            "comm_desc": pc.coalesce(spread([i[0] or None for i in info], pa.string()), pa.array(descs, pa.string())),
+            "comm_ranks": spread([i[1] for i in info], pa.list_(pa.int32())),
+            "comm_size": spread([i[2] for i in info], pa.int32()),
+            "comm_rank": spread([i[3] for i in info], pa.int32()),
+            "op": op,
+            "is_p2p": is_p2p,
+            "seq": seq,
+            "seq_kind": pc.if_else(pa.array(is_p2p), "p2p", "comm") if n else pa.array([], pa.string()),
+            "count": count,
+            "bytes": bytes_,
+            "dtype": dtype,
+            "shape": shape,
+            "peer": pa.array(np.nan_to_num(peer).astype(np.int64), mask=np.isnan(peer)),
+            "state": map_distinct(pa.array(states, pa.string()), _STATES.get),
+            **times,
+            "record_id": record_id,
+            "source": pa.repeat(pa.scalar(NAME), n),
+        },
+        path,
+    )
+    return rank, concat([table, _progress(path, dump, groups, rank, entries, names, p2p_list, seq, record_id)])
+
+
+def _comm_info(
+    groups: dict[str, dict], name: str, rank: int
+) -> tuple[str | None, list[int] | None, int | None, int | None]:
+    group = groups.get(name, {})
+    ranks = group.get("ranks")
+    position = ranks.index(rank) if ranks is not None and rank in ranks else None
+    return group.get("desc"), ranks, len(ranks) if ranks is not None else None, position
+
+
+def _progress(
+    path: Path,
+    dump: dict,
+    groups: dict[str, dict],
+    rank: int,
+    entries: list,
+    names: list[str],
+    p2p: list[bool],
+    seq: pa.Array,
+    record_id: pa.Array,
+) -> pa.Table:
+    """The progress rows of one dump: pg_status watermarks, and membership of groups without entries."""
+    # pg_status is keyed by the process group's local id; we can only place it for groups whose id
+    # appears in the entries (the first name seen with that id).
+    pg_names = {
+        pg_id: name
+        for pg_id, name in zip(reversed([e.get("pg_id") for e in entries]), reversed(names), strict=True)
+        if type(pg_id) is int
+    }
+    frame = pl.DataFrame(
+        {
+            "name": pl.Series(names, dtype=pl.String),
+            "p2p": pl.Series(p2p, dtype=pl.Boolean),
+            "seq": pl.from_arrow(seq),
+            "order": pl.from_arrow(pc.coalesce(record_id, pa.array(np.arange(len(names), dtype=np.int64)))),
+        }
+    ).with_row_index("row")
+    frame = frame.filter(pl.col("seq").is_not_null())
+    # A group's latest entry (by record id, later rows winning ties) says which sequence pg_status counts.
+    last = frame.sort("order", "row").group_by("name").agg(pl.col("p2p").last())
+    last_kind = dict(zip(last["name"].to_list(), last["p2p"].to_list(), strict=True))
+    bounds = frame.group_by("name", "p2p").agg(pl.col("seq").min().alias("lo"), pl.col("seq").max().alias("hi"))
+    seq_bounds = {(r[0], r[1]): (r[2], r[3]) for r in bounds.iter_rows()}
+
+    rows: dict[str, list] = {k: [] for k in ("comm_id", "is_p2p", "seq", "seq_kind")}
     status = dump.get("pg_status", {}) or {}
     if not isinstance(status, dict):
         raise EvidenceError(f"{path}: 'pg_status' must be a dict")
     for key, watermark in status.items():
         try:
-            placed = pg_names.get(int(key))
+            name = pg_names.get(int(key))
         except (TypeError, ValueError):
-            placed = None
-        if placed is None or not isinstance(watermark, dict) or placed not in last_kind:
+            name = None
+        if name is None or not isinstance(watermark, dict) or name not in last_kind:
             continue
-        name = placed
-        kind = last_kind[name][1]
-        seqs = kind_seqs.get((name, kind), [])
+        kind_p2p = last_kind[name]
+        lo, hi = seq_bounds.get((name, kind_p2p), (None, None))
         enqueued = watermark.get("last_enqueued_collective")
         completed = watermark.get("last_completed_collective")
-        if not (isinstance(enqueued, int) and isinstance(completed, int)):
+        if type(enqueued) is not int or type(completed) is not int or hi is None:
             continue
-        if isinstance(enqueued, bool) or isinstance(completed, bool):
+        # pg_status counts whichever sequence the group last used: trust it only when it agrees with those entries.
+        if enqueued != hi or not (lo - 1 <= completed <= enqueued) or completed < 0:
             continue
-        if not seqs or enqueued != max(seqs) or not (min(seqs) - 1 <= completed <= enqueued) or completed < 0:
-            continue
-        add_comm(name, None)
-        columns["op"].append(PROGRESS_OP)
-        columns["is_p2p"].append(kind == "p2p")
-        columns["seq"].append(completed)
-        columns["seq_kind"].append(kind)
-        for column in ("count", "bytes", "dtype", "shape", "peer", "enqueue_ns", "start_ns", "end_ns", "record_id"):
-            columns[column].append(None)
-        columns["state"].append("completed")
-    # A group this rank belongs to but has nothing recorded for: say so with a progress row
-    # without a sequence, so the rank counts as present (it dumped) and its membership is known.
+        rows["comm_id"].append(name)
+        rows["is_p2p"].append(kind_p2p)
+        rows["seq"].append(completed)
+        rows["seq_kind"].append("p2p" if kind_p2p else "comm")
+    # A group this rank belongs to but has nothing recorded for: a progress row without a sequence,
+    # so the rank counts as present (it dumped) and its membership is known.
     for name in groups:
         if name not in last_kind:
-            add_comm(name, None)
-            columns["op"].append(PROGRESS_OP)
-            columns["is_p2p"].append(False)
-            for column in ("seq", "seq_kind", "count", "bytes", "dtype", "shape", "peer"):
-                columns[column].append(None)
-            for column in ("enqueue_ns", "start_ns", "end_ns", "record_id"):
-                columns[column].append(None)
-            columns["state"].append("completed")
-    return rank
-
-
-_COLUMNS = [
-    "rank",
-    "comm_id",
-    "comm_name",
-    "comm_desc",
-    "comm_ranks",
-    "comm_size",
-    "comm_rank",
-    "op",
-    "is_p2p",
-    "seq",
-    "seq_kind",
-    "count",
-    "bytes",
-    "dtype",
-    "shape",
-    "peer",
-    "state",
-    "enqueue_ns",
-    "start_ns",
-    "end_ns",
-    "record_id",
-]
+            rows["comm_id"].append(name)
+            rows["is_p2p"].append(False)
+            rows["seq"].append(None)
+            rows["seq_kind"].append(None)
+    info = [_comm_info(groups, name, rank) for name in rows["comm_id"]]
+    m = len(rows["comm_id"])
+    columns = {
+        "rank": [rank] * m,
+        **rows,
+        "comm_name": rows["comm_id"],
+        "comm_desc": [i[0] or None for i in info],
+        "comm_ranks": [i[1] for i in info],
+        "comm_size": [i[2] for i in info],
+        "comm_rank": [i[3] for i in info],
+        "op": [PROGRESS_OP] * m,
+        "state": ["completed"] * m,
+        "source": [NAME] * m,
+    }
+    return to_table(columns, path)
 
 
 def load(path: Path) -> pa.Table:
@@ -373,17 +497,16 @@ def load(path: Path) -> pa.Table:
     files = _dump_files(path)
     if not files:
         raise EvidenceError(f"{path}: no Flight Recorder dump found")
-    # One set of columns for all files, converted once: a bad file raises before anything is returned.
-    columns: dict[str, list] = {name: [] for name in _COLUMNS}
+    # Every file is read and checked before anything is returned: a bad file fails the whole load.
+    tables: list[pa.Table] = []
     seen: dict[int, Path] = {}
     for file in files:
-        dump = _read(file)
-        rank = _load_one(file, dump, columns)
+        rank, table = _load_one(file, _read(file))
         if rank in seen:
             raise EvidenceError(f"{file}: rank {rank} already read from {seen[rank].name}")
         seen[rank] = file
-    columns["source"] = [NAME] * len(columns["rank"])
-    return to_table(columns, path)
+        tables.append(table)
+    return concat(tables)
 
 
 register(Importer(NAME, detect, load))

@@ -20,8 +20,8 @@ import gzip
 import json
 import re
 import zlib
-from itertools import compress
 from functools import lru_cache
+from itertools import compress
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +89,7 @@ def detect(path: Path) -> bool:
 
 
 def _parse_json(data: bytes) -> Any:
-    """orjson (several times faster); the standard parser only for what orjson refuses but JSON admits (NaN, huge ints)."""
+    """orjson (several times faster); the standard parser for what only it admits (NaN, huge integers)."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -127,17 +127,6 @@ def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
-
-
-def _int_arg(args: dict, key: str) -> int | None:
-    value = args.get(key)
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
 
 
 def _ranks(value: Any) -> list[int] | None:
@@ -206,7 +195,7 @@ def _texts(values: list) -> pa.Array:
 
 
 def _ns(us: np.ndarray, base_ns: int, path: Path) -> np.ndarray:
-    """Microseconds on the trace clock -> int64 ns since the epoch (NaN stays NaN-free: callers mask it)."""
+    """Microseconds on the trace clock -> int64 ns since the epoch (NaN gives ``base_ns``: callers mask it)."""
     finite = us[~np.isnan(us)]
     if len(finite) and not (np.abs(finite).max() * 1000 + abs(base_ns) < 9.2e18):
         raise EvidenceError(f"{path}: a timestamp is out of range")
@@ -281,36 +270,35 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
         ts = _floats([e["ts"] for e in kernels])
         dur = np.nan_to_num(_floats([e.get("dur") for e in kernels]))
         cpu_ts = _floats([c.get("ts") if c is not None else None for c in cpu])
-        pid = [p if type(p := c.get("pid")) is int else None for c in cpu] if cpu_comms else [None] * len(cpu)
+        pid = [p if c is not None and type(p := c.get("pid")) is int else None for c in cpu]
         bytes_ = pc.if_else(pc.equal(itemsize, 0), pa.scalar(None, pa.int64()), pc.multiply_checked(count, itemsize))
+        has_cpu = ~np.isnan(cpu_ts)
+        enqueue = np.where(has_cpu, cpu_ts, ts)
+        columns: dict[str, Any] = {
+            "pid": pa.array(pid, pa.int64()),
+            "device": _ints([a.get("device") for a in kernel_args]),
+            "comm_id": group_arr,
+            "comm_name": group_arr,
+            "comm_desc": pc.coalesce(pa.array(descs, pa.string()), pg_descs) if kernels else pa.array([], pa.string()),
+            "comm_size": pc.coalesce(size, size_from_ranks),
+            "comm_ranks": pa.array(ranks, pa.list_(pa.int32())),
+            "op": op,
+            "is_p2p": is_p2p,
+            "seq": seq,
+            "count": count,
+            "bytes": bytes_,
+            "dtype": dtype,
+            "peer": peer,
+            "enqueue_ns": pa.array(_ns(cpu_ts, base_ns, path), mask=~has_cpu),
+            "start_ns": _ns(ts, base_ns, path),
+            "end_ns": _ns(ts + dur, base_ns, path),
+            "stream": _ints([a.get("stream") for a in kernel_args]),
+            "algo": map_distinct(names, lambda n: _kernel_traits(n)[1] if n else None),
+            "proto": map_distinct(names, lambda n: _kernel_traits(n)[2] if n else None),
+            "record_id": _ints([a.get("External id") for a in kernel_args]),
+        }
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
         raise EvidenceError(f"{path}: a kernel argument has a value out of range or of the wrong type: {exc}") from exc
-
-    has_cpu = ~np.isnan(cpu_ts)
-    enqueue = np.where(has_cpu, cpu_ts, ts)
-    columns: dict[str, Any] = {
-        "pid": pa.array(pid, pa.int64()) if cpu_comms else pa.nulls(len(cpu), pa.int64()),
-        "device": _ints([a.get("device") for a in kernel_args]),
-        "comm_id": group_arr,
-        "comm_name": group_arr,
-        "comm_desc": pc.coalesce(pa.array(descs, pa.string()), pg_descs) if kernels else pa.array([], pa.string()),
-        "comm_size": pc.coalesce(size, size_from_ranks),
-        "comm_ranks": pa.array(ranks, pa.list_(pa.int32())),
-        "op": op,
-        "is_p2p": is_p2p,
-        "seq": seq,
-        "count": count,
-        "bytes": bytes_,
-        "dtype": dtype,
-        "peer": peer,
-        "enqueue_ns": pa.array(_ns(cpu_ts, base_ns, path), mask=~has_cpu),
-        "start_ns": _ns(ts, base_ns, path),
-        "end_ns": _ns(ts + dur, base_ns, path),
-        "stream": _ints([a.get("stream") for a in kernel_args]),
-        "algo": map_distinct(names, lambda n: _kernel_traits(n)[1] if n else None),
-        "proto": map_distinct(names, lambda n: _kernel_traits(n)[2] if n else None),
-        "record_id": _ints([a.get("External id") for a in kernel_args]),
-    }
     n = len(kernels)
     if n and np.any(np.diff(enqueue) < 0):
         # Kernels are listed by GPU stream; sequences and steps follow the CPU enqueue order.
@@ -346,8 +334,8 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
         "is_p2p": [False] * len(steps),
         "state": ["completed"] * len(steps),
         "step": [s[2] for s in steps],
-        "start_ns": [base_ns + round(s[0] * 1000) for s in steps],
-        "end_ns": [base_ns + round(s[1] * 1000) for s in steps],
+        "start_ns": _ns(np.array([s[0] for s in steps], np.float64), base_ns, path),
+        "end_ns": _ns(np.array([s[1] for s in steps], np.float64), base_ns, path),
         "source": [NAME] * len(steps),
     }
     return concat([ops_table, to_table(span_columns, path)])

@@ -16,22 +16,53 @@ event trace when present (microseconds); without it an operation has no timestam
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
 
 from comminsight.importers import EvidenceError, Importer, register
 from comminsight.importers.columns import to_table
-from comminsight.importers.normalise import op_name
+from comminsight.importers.normalise import op_name, ops
 
 NAME = "nccl_inspector"
 MAX_FILE_BYTES = 8 << 30
 MAX_LINE_BYTES = 1 << 20
 _HEAD = 4096
 _PAYLOADS = ("coll_perf", "p2p_perf")
+_I64, _STR = pa.int64(), pa.string()
+# One row per operation, as both readers produce it.
+_ROWS = pa.schema(
+    [("host", _STR), ("pid", _I64), ("comm_id", _STR), ("comm_name", _STR), ("comm_size", _I64), ("comm_rank", _I64)]
+    + [("op", _STR), ("is_p2p", pa.bool_()), ("seq", _I64), ("seq_kind", _STR), ("bytes", _I64), ("peer", _I64)]
+    + [("enqueue_ns", _I64), ("start_ns", _I64), ("end_ns", _I64), ("algo", _STR), ("proto", _STR)]
+)
+_KERNEL_EVENTS = pa.list_(pa.struct([("kernel_start_ts", _I64), ("kernel_stop_ts", _I64)]))
+
+
+def _payload(prefix: str, *extra: tuple[str, pa.DataType]) -> pa.StructType:
+    trace = pa.struct([(f"{prefix}_start_ts", _I64), ("kernel_events", _KERNEL_EVENTS)])
+    fields = [(prefix, _STR), (f"{prefix}_sn", _I64), (f"{prefix}_msg_size_bytes", _I64), *extra]
+    return pa.struct([*fields, (f"{prefix}_algo", _STR), (f"{prefix}_proto", _STR), ("event_trace_ts", trace)])
+
+
+# Only the keys the table needs; any other key is skipped by the parser, a key of another type fails it.
+_LINE_SCHEMA = pa.schema(
+    [
+        ("header", pa.struct([("id", _STR), ("comm_name", _STR), ("rank", _I64), ("n_ranks", _I64)])),
+        ("metadata", pa.struct([("hostname", _STR), ("pid", _I64)])),
+        ("coll_perf", _payload("coll")),
+        ("p2p_perf", _payload("p2p", ("p2p_peer", _I64))),
+    ]
+)
+_PARSE_OPTIONS = pa_json.ParseOptions(explicit_schema=_LINE_SCHEMA, unexpected_field_behavior="ignore")
+_READ_OPTIONS = pa_json.ReadOptions(block_size=4 * MAX_LINE_BYTES)
 
 
 def _is_log(path: Path) -> bool:
@@ -67,13 +98,12 @@ def _uint(value: Any, what: str, where: str) -> int | None:
     return value
 
 
-def _read(path: Path, columns: dict[str, list]) -> None:
-    size = path.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise EvidenceError(f"{path}: {size} bytes is over the {MAX_FILE_BYTES}-byte limit for a log")
+def _read_lines(path: Path, data: bytes) -> pa.Table:
+    """The careful reader: line by line, every value checked, errors naming the line (see ``_read``)."""
+    columns: dict[str, list] = {name: [] for name in _ROWS.names}
     header: dict | None = None
     metadata: dict | None = None
-    with path.open("rb") as f:
+    with io.BytesIO(data) as f:
         for number, line in enumerate(f, 1):
             where = f"{path}:{number}"
             if len(line) > MAX_LINE_BYTES:
@@ -134,6 +164,128 @@ def _read(path: Path, columns: dict[str, list]) -> None:
             columns["algo"].append(algo if isinstance(algo, str) and algo != "unknown" else None)
             columns["proto"].append(proto if isinstance(proto, str) and proto != "unknown" else None)
 
+    try:
+        return pa.table(columns, schema=_ROWS)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
+        raise EvidenceError(f"{path}: a value is out of range or of the wrong type: {exc}") from exc
+
+
+def _longest_line(data: bytes) -> int:
+    """Bytes in the longest line, newline included (vectorised over the whole file)."""
+    ends = np.flatnonzero(np.frombuffer(data, np.uint8) == ord("\n"))
+    bounds = np.concatenate(([-1], ends, [len(data) - 1]))
+    return int(np.diff(bounds).max()) if len(data) else 0
+
+
+def _first_nonnegative(*arrays: pa.Array) -> bool:
+    return all(pc.min(a).as_py() is None or pc.min(a).as_py() >= 0 for a in arrays)
+
+
+def _read_columnar(data: bytes) -> pa.Table | None:
+    """The whole log parsed at once by Arrow's JSON reader against a fixed schema, mapped with compute kernels.
+
+    Returns None whenever the input is anything but plain well-formed output (a type the schema does
+    not hold, a null, a negative count, a payload before its header, an overlong line): the careful
+    reader then runs and either reads it or says precisely which line is wrong. So this path only
+    has to be right on good input.
+    """
+    # Arrow cannot tell a JSON null from a missing key; the careful reader can.
+    if b"null" in data or (len(data) > MAX_LINE_BYTES and _longest_line(data) > MAX_LINE_BYTES):
+        return None
+    try:
+        table = pa_json.read_json(io.BytesIO(data), read_options=_READ_OPTIONS, parse_options=_PARSE_OPTIONS)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+    table = table.combine_chunks()
+    n = table.num_rows
+    header, metadata = table.column("header").chunk(0) if n else None, table.column("metadata").chunk(0) if n else None
+    coll, p2p = (table.column(k).chunk(0) if n else None for k in _PAYLOADS)
+    if n == 0:
+        return _ROWS.empty_table()
+    has_header = header.is_valid().to_numpy(zero_copy_only=False)
+    if np.any(has_header & ~metadata.is_valid().to_numpy(zero_copy_only=False)):
+        return None
+    is_coll_line = coll.is_valid().to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(is_coll_line | p2p.is_valid().to_numpy(zero_copy_only=False))
+    # Each payload line belongs to the latest header line at or above it (batched layout).
+    last_header = np.maximum.accumulate(np.where(has_header, np.arange(n), -1))[rows]
+    if np.any(last_header < 0):
+        return None
+    h, m = header.take(pa.array(last_header)), metadata.take(pa.array(last_header))
+    is_coll = pa.array(is_coll_line[rows])
+    c, p = coll.take(pa.array(rows)), p2p.take(pa.array(rows))
+
+    def either(coll_field: str, p2p_field: str) -> pa.Array:
+        return pc.if_else(is_coll, pc.struct_field(c, coll_field), pc.struct_field(p, p2p_field))
+
+    func = either("coll", "p2p")
+    comm = pc.struct_field(h, "id")
+    pid, comm_rank, n_ranks = pc.struct_field(m, "pid"), pc.struct_field(h, "rank"), pc.struct_field(h, "n_ranks")
+    seq, size = either("coll_sn", "p2p_sn"), either("coll_msg_size_bytes", "p2p_msg_size_bytes")
+    peer = pc.if_else(is_coll, pa.scalar(None, pa.int64()), pc.struct_field(p, "p2p_peer"))
+    if func.null_count or comm.null_count or pc.any(pc.equal(comm, "")).as_py():
+        return None
+    if not _first_nonnegative(pid, comm_rank, n_ranks, seq, size, peer):
+        return None
+    enqueue = pc.if_else(
+        is_coll,
+        pc.struct_field(c, ["event_trace_ts", "coll_start_ts"]),
+        pc.struct_field(p, ["event_trace_ts", "p2p_start_ts"]),
+    )
+    kernels = pl.from_arrow(either_kernels(c, p, is_coll))
+    assert isinstance(kernels, pl.Series)
+    starts = kernels.list.eval(pl.element().struct.field("kernel_start_ts")).list.min().to_arrow()
+    stops = kernels.list.eval(pl.element().struct.field("kernel_stop_ts")).list.max().to_arrow()
+    try:
+        enqueue = pc.if_else(pc.greater(enqueue, 0), pc.multiply_checked(enqueue, 1000), pa.scalar(None, pa.int64()))
+        start_ns, end_ns = pc.multiply_checked(starts, 1000), pc.multiply_checked(stops, 1000)
+    except pa.ArrowInvalid:
+        return None
+
+    def known(values: pa.Array) -> pa.Array:
+        # "unknown" is the Inspector's spelling of "not known".
+        return pc.if_else(pc.equal(values, "unknown"), pa.scalar(None, pa.string()), values)
+
+    columns = {
+        "host": pc.struct_field(m, "hostname"),
+        "pid": pid,
+        "comm_id": comm,
+        "comm_name": known(pc.struct_field(h, "comm_name")),
+        "comm_size": n_ranks,
+        "comm_rank": comm_rank,
+        "op": ops(func),
+        "is_p2p": pc.invert(is_coll),
+        "seq": seq,
+        # NCCL numbers collectives per function per communicator.
+        "seq_kind": pc.if_else(is_coll, "func", "p2p"),
+        "bytes": size,
+        "peer": peer,
+        "enqueue_ns": enqueue,
+        "start_ns": start_ns,
+        "end_ns": end_ns,
+        "algo": known(either("coll_algo", "p2p_algo")),
+        "proto": known(either("coll_proto", "p2p_proto")),
+    }
+    return pa.table([columns[f.name].cast(f.type) for f in _ROWS], schema=_ROWS)
+
+
+def either_kernels(c: pa.Array, p: pa.Array, is_coll: pa.Array) -> pa.Array:
+    return pc.if_else(
+        is_coll,
+        pc.struct_field(c, ["event_trace_ts", "kernel_events"]),
+        pc.struct_field(p, ["event_trace_ts", "kernel_events"]),
+    )
+
+
+def _read(path: Path) -> pa.Table:
+    """One log's operations: the columnar reader, or the careful one when the columnar one declines."""
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise EvidenceError(f"{path}: {size} bytes is over the {MAX_FILE_BYTES}-byte limit for a log")
+    data = path.read_bytes()
+    table = _read_columnar(data)
+    return table if table is not None else _read_lines(path, data)
+
 
 def load(path: Path) -> pa.Table:
     """Every operation in the Inspector log(s) under ``path``."""
@@ -143,14 +295,11 @@ def load(path: Path) -> pa.Table:
     files = _logs(path)
     if not files:
         raise EvidenceError(f"{path}: no NCCL Inspector log found")
-    names = "host pid comm_id comm_name comm_size comm_rank op is_p2p seq seq_kind bytes peer enqueue_ns start_ns"
-    columns: dict[str, list] = {k: [] for k in (names + " end_ns algo proto").split()}
-    for file in files:
-        _read(file, columns)
-    if not columns["comm_id"]:
+    rows = pa.concat_tables([_read(file) for file in files])
+    if rows.num_rows == 0:
         raise EvidenceError(f"{path}: no collective or P2P records in the log(s)")
-    integer = {k: pl.Int64 for k in ("pid", "comm_size", "comm_rank", "seq", "bytes", "peer", "enqueue_ns", "start_ns")}
-    df = pl.DataFrame(columns, schema_overrides={**integer, "end_ns": pl.Int64}, strict=False)
+    df = pl.from_arrow(rows)
+    assert isinstance(df, pl.DataFrame)
     # Global rank of each process: its rank in the largest communicator it is part of.
     world = (
         df.sort(["comm_size", "comm_id"], descending=[True, False], nulls_last=True)

@@ -1,0 +1,281 @@
+"""Sealing: closed raw-log segments (and hang evidence) -> one archive in the spool, exactly once.
+
+A seal runs every archive interval and at shutdown:
+1. segments left unsealed by a dead writer (``*.cilog`` whose header pid is gone, untouched for the
+   orphan grace) are renamed ``*.cilog.sealed`` — the agent seals them for the writer;
+2. every ``*.cilog.sealed`` is read (vectorised) for the manifest: record count, ranks,
+   communicators, time range; a segment with an unusable header is moved to quarantine with a log line;
+3. a journal (``<state>/seal-journal.json``) names the archive and its inputs, then the archive is
+   written to ``<spool>/.staging/`` (temp + rename), the inputs are deleted, the archive and its
+   sidecar are renamed into the spool, and the journal is removed.
+After a crash the journal says where it stopped: archive complete in staging -> finish the steps;
+archive absent -> discard the journal (the inputs are still there and go into the next seal). So an
+input is in exactly one delivered archive, whatever moment the agent was killed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from comminsight.agent.ingest import atomic_write_json
+from comminsight.agent.providers import SpoolEntry
+from comminsight.agent.segments import SEALED_SUFFIX, SegmentError, pid_alive, read_header, read_segment
+from comminsight.agent.spool import Spool
+from comminsight.formats.archive import MEMBER_NAME, ArchiveMember, archive_filename, write_archive
+
+log = logging.getLogger("comminsight.agent.archiver")
+MAX_HANG_FILE_BYTES = 16 << 20
+MAX_SEGMENTS_PER_ARCHIVE = 4000
+
+
+@dataclass
+class SealStats:
+    archives: int = 0
+    records: int = 0
+    segments: int = 0
+    quarantined: int = 0
+    orphans_sealed: int = 0
+    last_seal_ns: int = 0
+    last_archive: str = ""
+
+
+class Archiver:
+    def __init__(
+        self,
+        logs_dir: Path,
+        hang_dir: Path,
+        state_dir: Path,
+        spool: Spool,
+        *,
+        workload_id: str,
+        node: str,
+        host: str,
+        node_ip: str,
+        orphan_grace_s: float = 5.0,
+        proc_root: Path = Path("/proc"),
+    ) -> None:
+        self.logs_dir = logs_dir
+        self.hang_dir = hang_dir
+        self.state_dir = state_dir
+        self.spool = spool
+        self.staging = spool.dir / ".staging"
+        self.quarantine = state_dir / "quarantine"
+        self.journal = state_dir / "seal-journal.json"
+        self.identity = {"workload_id": workload_id, "node": node, "host": host, "node_ip": node_ip}
+        self.orphan_grace_s = orphan_grace_s
+        self.proc_root = proc_root
+        self.stats = SealStats()
+        self.dropped_since_seal = {"ring": 0, "lost": 0}
+
+    # ---- crash recovery ------------------------------------------------------------------------
+    def recover(self) -> None:
+        """Finish or discard a seal interrupted by a crash (see the module docstring)."""
+        self.staging.mkdir(parents=True, exist_ok=True)
+        try:
+            journal = json.loads(self.journal.read_text())
+        except FileNotFoundError:
+            journal = None
+        except (OSError, ValueError) as exc:
+            log.warning("seal journal unreadable (%s); discarding it", exc)
+            journal = None
+            self.journal.unlink(missing_ok=True)
+        if journal:
+            name = journal["archive"]
+            staged = self.staging / name
+            if (self.spool.dir / name).exists():
+                log.info("seal of %s had completed before the restart", name)
+            elif staged.exists():
+                log.info("completing the interrupted seal of %s", name)
+                self._commit(journal)
+            else:
+                log.info("discarding the interrupted seal of %s (archive not written; inputs kept)", name)
+        self.journal.unlink(missing_ok=True)
+        for leftover in self.staging.iterdir():
+            leftover.unlink(missing_ok=True)  # partial writes from a killed seal
+
+    # ---- sealing -------------------------------------------------------------------------------
+    def seal_orphans(self, grace_s: float | None = None) -> int:
+        """Seal unsealed segments whose writer is dead (crash or SIGKILL left them open)."""
+        grace = self.orphan_grace_s if grace_s is None else grace_s
+        sealed = 0
+        try:
+            candidates = sorted(p for p in self.logs_dir.iterdir() if p.name.endswith(".cilog"))
+        except OSError:
+            return 0
+        now = time.time()
+        for path in candidates:
+            try:
+                hdr = read_header(path)
+                idle = now - path.stat().st_mtime
+            except (SegmentError, OSError):
+                continue  # reported by the tailer; a half-written header may still become valid
+            if pid_alive(hdr.pid, self.proc_root) or idle < grace:
+                continue
+            try:
+                os.rename(path, path.with_name(path.name + SEALED_SUFFIX))
+            except OSError:
+                continue
+            sealed += 1
+            log.info("sealed %s for dead writer pid %d", path.name, hdr.pid)
+        self.stats.orphans_sealed += sealed
+        return sealed
+
+    def _hang_files(self) -> list[Path]:
+        try:
+            return sorted(
+                p
+                for p in self.hang_dir.iterdir()
+                if p.is_file() and p.name.endswith(".json") and not p.name.startswith(".")
+            )
+        except OSError:
+            return []
+
+    def seal(self, final: bool = False) -> SpoolEntry | None:
+        """Seal what is closed into one spooled archive; returns its entry, or None when nothing was closed."""
+        self.seal_orphans(0.0 if final else None)
+        try:
+            sealed = sorted(p for p in self.logs_dir.iterdir() if p.name.endswith(".cilog" + SEALED_SUFFIX))
+        except OSError:
+            sealed = []
+        sealed = sealed[:MAX_SEGMENTS_PER_ARCHIVE]
+        members: list[ArchiveMember] = []
+        inputs: list[str] = []
+        first_ns, last_ns = 0, 0
+        ranks: set[int] = set()
+        comms: dict[int, dict[str, Any]] = {}
+        records_total = 0
+        for path in sealed:
+            if not MEMBER_NAME.match(f"segments/{path.name}"):
+                self._quarantine(path, "its name is not allowed in an archive")
+                continue
+            try:
+                hdr, records, corrupt = read_segment(path)
+            except (SegmentError, OSError) as exc:
+                self._quarantine(path, str(exc))
+                continue
+            if corrupt:
+                log.warning("%s: %d corrupt records (kept in the archive; readers skip them)", path.name, corrupt)
+            members.append(ArchiveMember(f"segments/{path.name}", path=path, records=len(records)))
+            inputs.append(str(path))
+            records_total += len(records)
+            if hdr.global_rank >= 0:
+                ranks.add(hdr.global_rank)
+            if len(records):
+                times = records["enqueue_start_ns"][records["enqueue_start_ns"] > 0]
+                ends = np.maximum(records["complete_ns"], records["enqueue_end_ns"])
+                lo = int(times.min()) if len(times) else 0
+                hi = int(ends.max())
+                first_ns = lo if not first_ns or (lo and lo < first_ns) else first_ns
+                last_ns = max(last_ns, hi)
+                uniq, index = np.unique(records["comm_hash"], return_index=True)
+                for comm, i in zip(uniq.tolist(), index.tolist(), strict=True):
+                    c = comms.setdefault(
+                        comm, {"comm_hash": f"0x{comm:016x}", "comm_name": "", "nranks": 0, "ranks": set()}
+                    )
+                    c["comm_name"] = c["comm_name"] or bytes(records["comm_name"][i]).split(b"\0")[0].decode(
+                        "utf-8", "replace"
+                    )
+                    c["nranks"] = max(c["nranks"], int(records["nranks"][i]))
+                    if hdr.global_rank >= 0:
+                        c["ranks"].add(hdr.global_rank)
+        for path in self._hang_files():
+            name = f"hang/{path.name}"
+            try:
+                if not MEMBER_NAME.match(name) or path.stat().st_size > MAX_HANG_FILE_BYTES:
+                    raise ValueError("name not allowed or file too large")
+                json.loads(path.read_bytes())
+            except (OSError, ValueError) as exc:
+                try:
+                    fresh = time.time() - path.stat().st_mtime < 10.0
+                except OSError:
+                    continue
+                if not fresh:  # a file still being written gets another chance at the next seal
+                    self._quarantine(path, f"hang evidence not archivable: {exc}")
+                continue
+            members.append(ArchiveMember(name, path=path))
+            inputs.append(str(path))
+        if not any(m.name.startswith("segments/") for m in members) and not (final and members):
+            return None  # hang files alone wait for the next segment (or the final seal)
+        now = time.time_ns()
+        first_ns = first_ns or now
+        last_ns = last_ns or now
+        name = archive_filename(self.identity["workload_id"], self.identity["node"], first_ns, last_ns)
+        while (self.spool.dir / name).exists():
+            last_ns += 1
+            name = archive_filename(self.identity["workload_id"], self.identity["node"], first_ns, last_ns)
+        manifest = {
+            **self.identity,
+            "created_ns": now,
+            "time_range": {"first_ns": first_ns, "last_ns": last_ns},
+            "ranks": sorted(ranks),
+            "communicators": [{**c, "ranks": sorted(c["ranks"])} for _, c in sorted(comms.items())],
+            "dropped": dict(self.dropped_since_seal),
+        }
+        journal = {"archive": name, "inputs": inputs, "records": records_total}
+        atomic_write_json(self.journal, journal)
+        written = write_archive(self.staging / name, manifest, members)
+        entry = SpoolEntry(
+            path=self.spool.dir / name,
+            sha256=written.sha256,
+            size=written.size,
+            created_ns=now,
+            records=records_total,
+            workload_id=self.identity["workload_id"],
+            node=self.identity["node"],
+            pending=list(self.spool.providers),
+        )
+        sidecar = {
+            "sha256": entry.sha256,
+            "size": entry.size,
+            "created_ns": now,
+            "records": records_total,
+            "workload_id": entry.workload_id,
+            "node": entry.node,
+            "pending": entry.pending,
+            "extra": {},
+        }
+        atomic_write_json(self.staging / (name[: -len(".tar.zst")] + ".json"), sidecar)
+        self._commit(journal)
+        self.journal.unlink(missing_ok=True)
+        self.dropped_since_seal = {"ring": 0, "lost": 0}
+        self.stats.archives += 1
+        self.stats.records += records_total
+        self.stats.segments += len(sealed)
+        self.stats.last_seal_ns = now
+        self.stats.last_archive = name
+        log.info(
+            "sealed %s: %d segments, %d records, sha256 %s",
+            name,
+            sum(m.name.startswith("segments/") for m in members),
+            records_total,
+            written.sha256,
+        )
+        self.spool.wake.set()
+        return entry
+
+    def _commit(self, journal: dict[str, Any]) -> None:
+        """Delete the inputs, then move the staged sidecar and archive into the spool (archive last)."""
+        for item in journal["inputs"]:
+            Path(item).unlink(missing_ok=True)
+        name = journal["archive"]
+        sidecar = name[: -len(".tar.zst")] + ".json"
+        if (self.staging / sidecar).exists():
+            os.replace(self.staging / sidecar, self.spool.dir / sidecar)
+        os.replace(self.staging / name, self.spool.dir / name)
+
+    def _quarantine(self, path: Path, reason: str) -> None:
+        self.quarantine.mkdir(parents=True, exist_ok=True)
+        log.error("skipping %s: %s (moved to %s)", path.name, reason, self.quarantine)
+        try:
+            os.replace(path, self.quarantine / path.name)
+        except OSError:
+            path.unlink(missing_ok=True)
+        self.stats.quarantined += 1

@@ -1,0 +1,118 @@
+"""Rendering a hang report (analysis.hang.analyze_hang's dict) as text for an engineer.
+
+Verdict first, then the evidence table (stuck groups, then the root-cause ranks' own state),
+then the dependency chain. Rendering uses rich so it can go to a terminal or be captured.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from comminsight.importers.normalise import shape_display
+
+_VERDICT_STYLE = {"hang": "bold red", "no_hang": "bold green", "insufficient_evidence": "bold yellow"}
+_MAX_GROUPS = 25
+
+
+def _ranks(ranks: list[int], limit: int = 12) -> str:
+    if not ranks:
+        return "-"
+    text = ", ".join(map(str, ranks[:limit]))
+    return text + (f" (+{len(ranks) - limit})" if len(ranks) > limit else "")
+
+
+def _group_name(group: dict[str, Any]) -> str:
+    desc = group.get("group_desc")
+    return f"{group['group_id']} {desc}" if desc else str(group["group_id"])
+
+
+def render_text(report: dict[str, Any], console: Console) -> None:
+    """Print ``report`` on ``console``: verdict, evidence table, chain."""
+    verdict = report["verdict"]
+    console.print(f"[{_VERDICT_STYLE.get(verdict, 'bold')}]Verdict: {verdict}[/]", highlight=False)
+    console.print(report.get("summary", ""), highlight=False)
+    roots = report.get("root_cause_ranks", [])
+    if roots:
+        console.print(f"Look first at rank(s): [bold]{_ranks(roots, 32)}[/bold]", highlight=False)
+
+    groups = report.get("stuck_groups", [])
+    if groups:
+        table = Table(title=f"Stuck groups ({len(groups)})", title_justify="left")
+        for column in ("group", "op", "seq", "shape", "dtype", "entered", "missing", "why"):
+            table.add_column(column, overflow="fold")
+        for group in groups[:_MAX_GROUPS]:
+            why = group["kind"].replace("_", " ")
+            if group.get("lagging_ranks"):
+                why += f"; completions lag on {_ranks(group['lagging_ranks'], 6)}"
+            if group.get("mismatch"):
+                why += "; differs in " + ", ".join(group["mismatch"])
+            table.add_row(
+                _group_name(group),
+                str(group.get("op") or "-"),
+                str(group.get("seq") if group.get("seq") is not None else "-"),
+                shape_display(group.get("shape")) or "-",
+                group.get("dtype") or "-",
+                _ranks(group.get("entered_ranks", [])),
+                _ranks(group.get("missing_ranks", [])),
+                why,
+            )
+        if len(groups) > _MAX_GROUPS:
+            table.caption = f"{len(groups) - _MAX_GROUPS} more in --format json"
+        console.print(table)
+
+    evidence = report.get("evidence", {})
+    shown = roots[:16]
+    if shown:
+        table = Table(title="Root-cause ranks: what each was doing last", title_justify="left")
+        for column in ("rank", "status", "last op", "missing from", "completions lag in"):
+            table.add_column(column, overflow="fold")
+        for rank in shown:
+            item = evidence.get(str(rank), {})
+            last = item.get("last_op") or {}
+            last_text = (
+                f"{last.get('op')} seq {last.get('seq')} in {last.get('group_desc') or last.get('group_id')} "
+                f"({last.get('state')})"
+                if last
+                else "no evidence"
+            )
+            table.add_row(
+                str(rank),
+                item.get("status", "-"),
+                last_text,
+                ", ".join(item.get("missing_from", [])) or "-",
+                ", ".join(item.get("completions_lag_in", [])) or "-",
+            )
+        console.print(table)
+
+    failures = report.get("failures", {})
+    for key, label in (
+        ("no_evidence_ranks", "Ranks with no evidence at all"),
+        ("stopped_reporting_ranks", "Ranks that stopped reporting early"),
+        ("stalled_completion_ranks", "Ranks that did not complete operations their peers completed"),
+    ):
+        if failures.get(key):
+            console.print(f"{label}: {_ranks(failures[key], 32)}", highlight=False)
+    if failures.get("abandoned_ops"):
+        console.print(f"Abandoned operations per rank: {failures['abandoned_ops']}", highlight=False)
+    for item in report.get("mismatches", [])[:5]:
+        console.print(
+            f"Mismatch in {item['group_desc'] or item['group_id']} seq {item['seq']}: {item['fields']}", highlight=False
+        )
+
+    chain = report.get("chain", [])
+    if chain:
+        console.print("[bold]Dependency chain[/bold] (who waits on whom, from where progress stopped):")
+        for link in chain[:40]:
+            indent = "  " * (link["depth"] + 1)
+            if not link["blocks"]:
+                console.print(f"{indent}rank {link['rank']}", highlight=False)
+                continue
+            for block in link["blocks"][:6]:
+                console.print(
+                    f"{indent}rank {link['rank']} blocks {block['group_desc'] or block['group_id']} "
+                    f"{block['op']} seq {block['seq']}: waiting {_ranks(block['waiting_ranks'], 8)}",
+                    highlight=False,
+                )

@@ -1,0 +1,130 @@
+"""Communication performance: algorithm and bus bandwidth against the best observed.
+
+For every matched collective the transfer time is measured from the last member's arrival to
+the operation's end (time spent waiting for late members is not the network's fault); for an
+unmatched operation it is its own duration. algbw = bytes / time; busbw = algbw x bus factor,
+with the bus factor 2(n-1)/n for all-reduce, (n-1)/n for all-gather and reduce-scatter and 1
+otherwise (n = communicator size). Rows are grouped per (communicator, op, size bucket), where
+the size bucket is the power of two at or above the payload. The reference is the best median
+bus bandwidth observed for that (op, size bucket, n) anywhere in the job; a communicator, a rank
+or a P2P link whose median falls below ``slow_fraction`` of the reference is flagged, with the
+numbers that put it there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from comminsight.analysis.stragglers import match_operations
+
+
+def bus_factor(op: str, n: int) -> float:
+    """NCCL's bus-bandwidth factor for ``op`` on ``n`` ranks."""
+    if n <= 1:
+        return 1.0
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    return 1.0
+
+
+def analyse_perf(table: pa.Table | pl.DataFrame, slow_fraction: float = 0.5, min_samples: int = 3) -> dict:
+    """Bandwidth table and flagged slow communicators, ranks and links (see module doc)."""
+    df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    df = df.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
+    comm = df.filter((pl.col("op") != "compute") & pl.col("bytes").is_not_null() & (pl.col("bytes") > 0))
+    if comm.height == 0:
+        return {
+            "bandwidth": [],
+            "slow_communicators": [],
+            "slow_ranks": [],
+            "slow_links": [],
+            "note": "no operations with payload sizes",
+        }
+    matches = match_operations(comm)
+    ev = comm.join(matches.select("row", "last_arrival_ns", "group"), on="row", how="left")
+    ev = ev.with_columns(
+        transfer_ns=(
+            pl.col("end_ns")
+            - pl.max_horizontal(pl.col("start_ns"), pl.col("last_arrival_ns").fill_null(pl.col("start_ns")))
+        ),
+        n=pl.col("comm_size").fill_null(2).clip(lower_bound=1),
+        bucket=(pl.col("bytes").cast(pl.Float64).log(2).ceil()).cast(pl.Int64),
+    ).filter(pl.col("transfer_ns") > 0)
+    n = pl.col("n").cast(pl.Float64)
+    ev = ev.with_columns(  # bus_factor, vectorised
+        factor=pl.when(pl.col("n") <= 1)
+        .then(1.0)
+        .when(pl.col("op") == "all_reduce")
+        .then(2.0 * (n - 1) / n)
+        .when(pl.col("op").is_in(["all_gather", "reduce_scatter"]))
+        .then((n - 1) / n)
+        .otherwise(1.0)
+    )
+    ev = ev.with_columns(algbw=pl.col("bytes") / pl.col("transfer_ns"))  # bytes/ns == GB/s
+    ev = ev.with_columns(busbw=pl.col("algbw") * pl.col("factor"))
+    table_rows = (
+        ev.group_by("comm_id", "op", "bucket", "n")
+        .agg(
+            samples=pl.len(),
+            bytes=pl.col("bytes").median(),
+            algbw_gbs=pl.col("algbw").median(),
+            busbw_gbs=pl.col("busbw").median(),
+            busbw_p10_gbs=pl.col("busbw").quantile(0.1),
+            transfer_us=pl.col("transfer_ns").median() / 1e3,
+        )
+        .with_columns(
+            reference_busbw_gbs=pl.col("busbw_gbs")
+            .filter(pl.col("samples") >= min_samples)
+            .max()
+            .over("op", "bucket", "n")
+        )
+        .with_columns(efficiency=pl.col("busbw_gbs") / pl.col("reference_busbw_gbs"))
+        .sort("op", "bucket", "comm_id")
+    )
+    slow_comms = table_rows.filter((pl.col("samples") >= min_samples) & (pl.col("efficiency") < slow_fraction))
+    # Ranks: a rank's transfers against the same reference, over all its collectives.
+    ref = table_rows.select("op", "bucket", "n", "reference_busbw_gbs").unique(["op", "bucket", "n"])
+    per_rank = (
+        ev.join(ref, on=["op", "bucket", "n"], how="left")
+        .with_columns(eff=pl.col("busbw") / pl.col("reference_busbw_gbs"))
+        .group_by("rank")
+        .agg(samples=pl.len(), median_efficiency=pl.col("eff").median())
+        .filter(pl.col("samples") >= min_samples)
+        .sort("median_efficiency")
+    )
+    slow_ranks = per_rank.filter(pl.col("median_efficiency") < slow_fraction)
+    # Links: P2P transfers with a known peer, per (rank, peer).
+    # The receiving side measures a transfer (a send may return once its data is handed off).
+    p2p = ev.filter((pl.col("op") == "recv") & pl.col("peer").is_not_null())
+    links = pl.DataFrame()
+    slow_links = pl.DataFrame()
+    if p2p.height:
+        links = (
+            p2p.with_columns(src=pl.col("peer"), dst=pl.col("rank"))
+            .group_by("src", "dst", "bucket")
+            .agg(samples=pl.len(), busbw_gbs=pl.col("busbw").median())
+            .with_columns(reference_busbw_gbs=pl.col("busbw_gbs").max().over("bucket"))
+            .with_columns(efficiency=pl.col("busbw_gbs") / pl.col("reference_busbw_gbs"))
+            .sort("efficiency")
+        )
+        slow_links = links.filter((pl.col("samples") >= min_samples) & (pl.col("efficiency") < slow_fraction))
+    return {
+        "bandwidth": _records(table_rows),
+        "slow_communicators": _records(slow_comms),
+        "slow_ranks": _records(slow_ranks),
+        "slow_links": _records(slow_links) if slow_links.height else [],
+        "links": _records(links) if links.height else [],
+        "slow_fraction": slow_fraction,
+    }
+
+
+def _records(frame: pl.DataFrame) -> list[dict]:
+    out = []
+    for row in frame.iter_rows(named=True):
+        out.append({k: (float(v) if isinstance(v, float | np.floating) else v) for k, v in row.items()})
+    return out

@@ -1,0 +1,48 @@
+"""``comminsight analyze hang PATH [--format json|text]``: where did progress stop first?"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from comminsight.analysis.hang import analyze_hang
+from comminsight.analysis.hang_report import render_text
+from comminsight.cli.importer import load_evidence
+from comminsight.importers import EvidenceError
+
+
+class OutputFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+def hang_command(
+    path: Path = typer.Argument(..., help="Evidence: FR dumps, Kineto traces, raw logs, an imported .parquet, ..."),
+    output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help="text (for people) or json"),
+    input_format: str | None = typer.Option(None, "--input-format", help="Force an importer by name"),
+    silence_s: float = typer.Option(60.0, help="A rank silent this long before the last event 'stopped reporting'"),
+) -> None:
+    """Find the stuck communicators and the ranks where progress stopped first."""
+    err = Console(stderr=True)
+    try:
+        table = load_evidence(path, input_format)
+    except EvidenceError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    report = analyze_hang(table, silence_s=silence_s)
+    if output_format is OutputFormat.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        # Wide enough for the evidence table when piped (rich falls back to 80 columns otherwise).
+        render_text(report, Console(width=None if sys.stdout.isatty() else 160))
+
+
+def register(app: typer.Typer) -> None:
+    """Mount the hang/failure analysis commands on ``app``."""
+    app.command("hang")(hang_command)

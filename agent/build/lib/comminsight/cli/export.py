@@ -1,0 +1,30 @@
+"""``comminsight export``: write evidence in other tools' formats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from comminsight import importers
+from comminsight.export import perfetto
+
+app = typer.Typer(help="Export evidence to other tools (Perfetto).", no_args_is_help=True)
+_err = Console(stderr=True)
+
+
+@app.command("perfetto")
+def export_perfetto(
+    path: Path = typer.Argument(..., help="Evidence file or directory (any importable format)"),
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.json)"),
+    fmt: str | None = typer.Option(None, "--format", help="Force an importer by name instead of detecting it"),
+) -> None:
+    """Write a Chrome JSON trace (open it in ui.perfetto.dev): a track per rank and stream, flows for P2P."""
+    try:
+        table = importers.load(path, fmt)
+    except importers.EvidenceError as exc:
+        _err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    events = perfetto.write_trace(table, output)
+    _err.print(f"wrote {events} trace events for {table.num_rows} operations to {output}")

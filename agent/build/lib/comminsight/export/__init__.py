@@ -1,0 +1,1 @@
+"""Exports of the operations table to other tools' formats (Perfetto / Chrome trace)."""

@@ -1,0 +1,1 @@
+"""Readers and writers of CommInsight's own on-disk formats (ring, raw log, archive)."""

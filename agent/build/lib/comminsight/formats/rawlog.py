@@ -1,0 +1,173 @@
+"""Readers for what the profiler writes: raw-log segments and shared-memory rings.
+
+Layouts come from ``comminsight_ring.h`` through :mod:`comminsight.formats.header` (never copied
+by hand). A file is read once and viewed as an array of records with one ``np.frombuffer``; the
+valid records (magic and FNV checksum verify) become a pyarrow table of record columns. A torn
+last record (a crash mid-write) and corrupted records are skipped and counted, never fatal; a
+bad header (magic, version, sizes) or a file too short for its header raises :class:`RawLogError`.
+Specs: docs/formats/rawlog.md and docs/formats/ring.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from comminsight.formats import header
+
+SEGMENT_SUFFIXES = (".cilog", ".cilog.sealed")
+RING_SUFFIX = ".ring"
+DEFAULT_MAX_BYTES = 4 << 30  # a segment is 64 MiB by default; anything near this is not ours
+STATE_NAMES = {1: "completed", 2: "enqueued", 3: "abandoned", 4: "timeout"}
+KIND_NAMES = {1: "coll", 2: "p2p"}
+
+
+class RawLogError(ValueError):
+    """A file that is not a readable segment or ring (bad magic, version, sizes, truncated header)."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One segment or ring snapshot: its header fields and its valid records as Arrow columns."""
+
+    path: Path
+    header: dict[str, Any]
+    table: pa.Table
+    invalid_records: int = 0
+    torn_bytes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _decode_header(raw: np.void) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in raw.dtype.names or ():
+        if name.startswith("_"):
+            continue
+        value = raw[name]
+        out[name] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value.item()
+    return out
+
+
+def _read_bytes(path: Path, max_bytes: int) -> bytes:
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise RawLogError(f"{path}: {size} bytes is larger than the {max_bytes}-byte limit")
+    return path.read_bytes()
+
+
+def _check_header(path: Path, fields: dict[str, Any], magic_name: str, size_name: str) -> None:
+    const = header.constants()
+    if fields["magic"] != const[magic_name]:
+        raise RawLogError(f"{path}: bad magic {fields['magic']:#x}, not a CommInsight {magic_name[3:7].lower()} file")
+    if fields["version"] != const["CI_FORMAT_VERSION"]:
+        known = const["CI_FORMAT_VERSION"]
+        raise RawLogError(f"{path}: format version {fields['version']} (this reader knows {known})")
+    if fields["header_size"] != const[size_name] or fields["record_size"] != const["CI_RECORD_SIZE"]:
+        raise RawLogError(
+            f"{path}: header_size {fields['header_size']} / record_size {fields['record_size']} do not match "
+            f"{const[size_name]} / {const['CI_RECORD_SIZE']}"
+        )
+
+
+def _table(records: np.ndarray, constant_columns: dict[str, Any]) -> pa.Table:
+    table = header.records_to_arrow(records)
+    n = table.num_rows
+    for name, value in constant_columns.items():
+        table = table.append_column(name, pa.repeat(pa.scalar(value), n))
+    return table
+
+
+def read_segment(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Segment:
+    """Reads one raw-log segment (``.cilog`` or ``.cilog.sealed``).
+
+    Returns its header fields and a table of its valid records, with the segment's host, pid,
+    ranks, workload and file name as columns too. Raises RawLogError for a bad or truncated header.
+    """
+    path = Path(path)
+    data = _read_bytes(path, max_bytes)
+    hdr_dtype = header.struct_dtype("ci_log_header")
+    if len(data) < hdr_dtype.itemsize:
+        raise RawLogError(f"{path}: {len(data)} bytes, shorter than the {hdr_dtype.itemsize}-byte segment header")
+    fields = _decode_header(np.frombuffer(data, hdr_dtype, count=1)[0])
+    _check_header(path, fields, "CI_LOG_MAGIC", "CI_LOG_HEADER_SIZE")
+    rec_dtype = header.record_dtype()
+    body = len(data) - hdr_dtype.itemsize
+    count, torn = divmod(body, rec_dtype.itemsize)
+    records = np.frombuffer(data, rec_dtype, count=count, offset=hdr_dtype.itemsize)
+    valid = header.valid_records(records) if count else np.zeros(0, dtype=bool)
+    constants = {
+        "host": fields["host"],
+        "workload_id": fields["workload_id"],
+        "global_rank": fields["global_rank"],
+        "local_rank": fields["local_rank"],
+        "segment_index": fields["segment_index"],
+        "segment": path.name,
+    }
+    return Segment(path, fields, _table(records[valid], constants), int((~valid).sum()), torn)
+
+
+def read_ring(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Segment:
+    """Reads the committed records of a shared-memory ring file (a snapshot; the ring is not consumed).
+
+    The window is ``[max(tail, head - capacity), head)``; records whose checksum fails (overwritten
+    while read) are skipped and counted. Raises RawLogError for a bad header or a short file.
+    """
+    path = Path(path)
+    data = _read_bytes(path, max_bytes)
+    hdr_dtype = header.struct_dtype("ci_ring_header")
+    if len(data) < hdr_dtype.itemsize:
+        raise RawLogError(f"{path}: {len(data)} bytes, shorter than the {hdr_dtype.itemsize}-byte ring header")
+    fields = _decode_header(np.frombuffer(data, hdr_dtype, count=1)[0])
+    _check_header(path, fields, "CI_RING_MAGIC", "CI_RING_HEADER_SIZE")
+    capacity = fields["capacity"]
+    if capacity == 0 or capacity & (capacity - 1):
+        raise RawLogError(f"{path}: capacity {capacity} is not a power of two")
+    rec_dtype = header.record_dtype()
+    if len(data) < hdr_dtype.itemsize + capacity * rec_dtype.itemsize:
+        raise RawLogError(f"{path}: truncated: {len(data)} bytes for {capacity} records")
+    head, tail = fields["head"], fields["tail"]
+    if tail > head:
+        raise RawLogError(f"{path}: tail {tail} is ahead of head {head}")
+    slots = np.frombuffer(data, rec_dtype, count=capacity, offset=hdr_dtype.itemsize)
+    start = max(tail, head - capacity)
+    window = slots[np.arange(start, head, dtype=np.uint64) & np.uint64(capacity - 1)]
+    valid = header.valid_records(window) if len(window) else np.zeros(0, dtype=bool)
+    constants = {"host": fields["host"], "segment": path.name}
+    extra = {"head": head, "tail": tail, "dropped": fields["dropped"], "lost": fields["lost"]}
+    return Segment(path, fields, _table(window[valid], constants), int((~valid).sum()), 0, extra)
+
+
+def segment_files(path: str | Path) -> list[Path]:
+    """The segment (and ring) files at ``path``: the file itself, or those in the directory, sorted."""
+    path = Path(path)
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith((*SEGMENT_SUFFIXES, RING_SUFFIX)))
+    if not path.exists():
+        raise FileNotFoundError(path)
+    return [path]
+
+
+def read_any(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Segment:
+    """One segment or ring file, chosen by its magic (a ring file is recognised whatever its name)."""
+    path = Path(path)
+    with path.open("rb") as f:
+        magic = int.from_bytes(f.read(8).ljust(8, b"\0"), "little")
+    if magic == header.constants()["CI_RING_MAGIC"]:
+        return read_ring(path, max_bytes)
+    return read_segment(path, max_bytes)
+
+
+def read_logs(paths: Iterable[str | Path] | str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> pa.Table:
+    """All valid records under ``paths`` (files or directories of segments/rings) as one Arrow table."""
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    tables = [read_any(f, max_bytes).table for p in paths for f in segment_files(p)]
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return _table(np.zeros(0, header.record_dtype()), {"host": "", "segment": ""})
+    return pa.concat_tables(tables, promote_options="default")

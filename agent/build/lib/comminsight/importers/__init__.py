@@ -1,0 +1,84 @@
+"""Importers: turn evidence users already hold into the operations table (comminsight.evidence).
+
+Each importer module registers one ``Importer``: a name, a ``detect(path) -> bool`` that
+looks only at names and the first bytes, and a ``load(path) -> pa.Table`` that returns a
+conformed operations table or raises ``ImportError_`` with a message a user can act on.
+``load(path)`` picks the first importer whose detector accepts the path. Importers are
+all-or-nothing: a load either returns the whole table or raises; it never writes anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module
+from pathlib import Path
+
+import pyarrow as pa
+
+
+class EvidenceError(ValueError):
+    """Evidence that cannot be imported; the message says which file and why."""
+
+
+@dataclass(frozen=True)
+class Importer:
+    name: str
+    detect: Callable[[Path], bool]
+    load: Callable[[Path], pa.Table]
+
+
+_REGISTRY: dict[str, Importer] = {}
+
+# Modules that register built-in importers, in detection order (most specific first).
+_BUILTIN_MODULES = (
+    "comminsight.importers.archive",
+    "comminsight.importers.rawlog",
+    "comminsight.importers.flight_recorder",
+    "comminsight.importers.kineto",
+    "comminsight.importers.nccl_inspector",
+    "comminsight.importers.table",
+)
+
+
+def register(importer: Importer) -> Importer:
+    """Add ``importer`` to the registry (by name; a second registration replaces the first)."""
+    _REGISTRY[importer.name] = importer
+    return importer
+
+
+def importers() -> list[Importer]:
+    """Registered importers in detection order, loading the built-in modules that exist."""
+    for module in _BUILTIN_MODULES:
+        try:
+            import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+    return list(_REGISTRY.values())
+
+
+def detect(path: Path) -> Importer:
+    """The importer for ``path``; raises EvidenceError when none recognises it."""
+    path = Path(path)
+    if not path.exists():
+        raise EvidenceError(f"{path}: no such file or directory")
+    for importer in importers():
+        if importer.detect(path):
+            return importer
+    names = ", ".join(i.name for i in importers())
+    raise EvidenceError(f"{path}: not a recognised evidence format (tried {names})")
+
+
+def load(path: Path | str, fmt: str | None = None) -> pa.Table:
+    """Load ``path`` (file or directory) into a conformed operations table.
+
+    ``fmt`` forces an importer by name instead of detection.
+    """
+    path = Path(path)
+    if fmt is not None:
+        importers()
+        if fmt not in _REGISTRY:
+            raise EvidenceError(f"unknown format {fmt!r} (known: {', '.join(sorted(_REGISTRY))})")
+        return _REGISTRY[fmt].load(path)
+    return detect(path).load(path)

@@ -1,0 +1,51 @@
+"""Turning decoded source columns into a conformed operations table, with errors a user can act on.
+
+Importers collect each column once (a list per column filled in a single pass over the source, or
+an Arrow/numpy array) and call ``to_table`` at the end. Arrays are typed from the schema, so a
+source value of the wrong type fails here, naming the column, not deep inside an analysis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from comminsight.evidence import SCHEMA, conform
+from comminsight.importers import EvidenceError
+
+
+def to_table(columns: Mapping[str, Sequence[Any] | pa.Array | np.ndarray], path: Path | str) -> pa.Table:
+    """A conformed operations table from ``columns`` (schema names; missing ones become nulls).
+
+    Raises EvidenceError naming ``path`` and the column when a value cannot take the schema's type.
+    """
+    arrays = {}
+    lengths = set()
+    for name, values in columns.items():
+        field = SCHEMA.field(name)
+        try:
+            if isinstance(values, pa.Array | pa.ChunkedArray):
+                array = values.cast(field.type)
+            else:
+                array = pa.array(values, type=field.type, from_pandas=isinstance(values, np.ndarray))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, TypeError) as exc:
+            raise EvidenceError(f"{path}: column {name!r} has a value of the wrong type: {exc}") from exc
+        arrays[name] = array
+        lengths.add(len(array))
+    if len(lengths) > 1:
+        raise EvidenceError(f"{path}: internal error, columns of different lengths {sorted(lengths)}")
+    try:
+        return conform(pa.table(arrays) if arrays else SCHEMA.empty_table())
+    except ValueError as exc:
+        raise EvidenceError(f"{path}: {exc}") from exc
+
+
+def concat(tables: Sequence[pa.Table]) -> pa.Table:
+    """Concatenate conformed tables (same schema) into one."""
+    if not tables:
+        return SCHEMA.empty_table()
+    return pa.concat_tables(tables).combine_chunks()

@@ -1,0 +1,368 @@
+"""PyTorch profiler (Kineto) JSON traces -> the operations table.
+
+A Kineto trace is one JSON object per rank (plain or gzip): ``distributedInfo`` (rank, world
+size, process groups) and ``traceEvents`` (Chrome trace events, ``ts``/``dur`` in microseconds
+on a clock that ``baseTimeNanoseconds`` turns into Unix time). Each NCCL GPU kernel carrying
+collective args (``Collective name``, ``In msg nelems``, ``dtype``, ``Process Group Name`` /
+``Description`` / ``Ranks``, ``Seq`` in newer PyTorch) becomes one row; the CPU
+``record_param_comms`` op with the same ``External id`` gives the enqueue time (and ``Seq`` when
+the kernel lacks it). Without ``Seq`` the sequence is the op's ordinal in its process group
+within the trace (collectives and P2P counted apart). ``ProfilerStep#N`` spans label the ops
+enqueued inside them with step N and are kept as "compute" rows carrying the span.
+
+JSON has to be decoded event by event; the columns are then built in one pass and the step
+labels assigned with one vectorised search.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import zlib
+from functools import lru_cache
+from itertools import compress
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from comminsight.importers import EvidenceError, Importer, register
+from comminsight.importers.columns import concat, to_table
+from comminsight.importers.normalise import dtypes, itemsizes, map_distinct, ops
+
+NAME = "kineto"
+MAX_FILE_BYTES = 1 << 30
+MAX_JSON_BYTES = 4 << 30
+MAX_EVENTS = 50_000_000
+_HEAD = 4096
+_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"distributedInfo"', b'"deviceProperties"')
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_KERNEL_FUNC = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
+_ALGO = re.compile(r"_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|NVLS|PAT)(?:_|\b|\()", re.I)
+_PROTO = re.compile(r"_(LL128|LL|SIMPLE)(?:_|\b|\()", re.I)
+_PEER_KEYS = ("Peer", "peer", "Dst Rank", "Src Rank", "dst_rank", "src_rank")
+_NUMBER = (int, float)  # exact types: a JSON true/false is a bool, not a number
+_KEY = (int, str, float)  # External ids that can key a lookup
+_NO_ARGS: dict = {}
+
+
+def _head(path: Path) -> bytes:
+    try:
+        with path.open("rb") as f:
+            head = f.read(_HEAD)
+    except OSError:
+        return b""
+    if head[:2] == b"\x1f\x8b":
+        try:
+            return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, _HEAD)
+        except zlib.error:
+            return b""
+    return head
+
+
+def _is_trace(path: Path) -> bool:
+    name = path.name.lower()
+    if not (name.endswith(".json") or name.endswith(".json.gz")):
+        return False
+    head = _head(path).lstrip()
+    return head.startswith(b"{") and any(key in head for key in _KEYS) and b'"pg_status"' not in head
+
+
+def _trace_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    return [p for p in sorted(path.iterdir()) if p.is_file() and not p.name.startswith(".") and _is_trace(p)]
+
+
+def detect(path: Path) -> bool:
+    """A Kineto JSON trace (.json / .json.gz), or a directory holding one (names and first bytes only)."""
+    if path.is_file():
+        return _is_trace(path)
+    if path.is_dir():
+        return any(_is_trace(p) for p in sorted(path.iterdir())[:256] if p.is_file())
+    return False
+
+
+def _parse_json(data: bytes) -> Any:
+    """orjson (several times faster); the standard parser for what only it admits (NaN, huge integers)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
+def _read(path: Path) -> dict:
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise EvidenceError(f"{path}: {size} bytes is over the {MAX_FILE_BYTES}-byte limit for a trace")
+    try:
+        with path.open("rb") as raw:
+            magic = raw.read(2)
+        if magic == b"\x1f\x8b":
+            with gzip.open(path, "rb") as f:
+                data = f.read(MAX_JSON_BYTES + 1)
+        else:
+            data = path.read_bytes()
+    except (OSError, EOFError, zlib.error) as exc:
+        raise EvidenceError(f"{path}: cannot read trace: {exc}") from exc
+    if len(data) > MAX_JSON_BYTES:
+        raise EvidenceError(f"{path}: decompressed trace is over the {MAX_JSON_BYTES}-byte limit")
+    try:
+        trace = _parse_json(data)
+    except (ValueError, RecursionError) as exc:
+        raise EvidenceError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise EvidenceError(f"{path}: not a Kineto trace (no 'traceEvents' list)")
+    if len(trace["traceEvents"]) > MAX_EVENTS:
+        raise EvidenceError(f"{path}: more than {MAX_EVENTS} events")
+    return trace
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _ranks(value: Any) -> list[int] | None:
+    """A process group's member list, from a list or its JSON text; None when it is neither."""
+    if isinstance(value, str):
+        return _ranks_text(value)
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return value
+    return None
+
+
+@lru_cache(maxsize=4096)
+def _ranks_text(text: str) -> list[int] | None:
+    # Every kernel of a group repeats the same text: parse it once (callers never mutate the list).
+    if len(text) >= (1 << 20):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return _ranks(value) if isinstance(value, list) else None
+
+
+@lru_cache(maxsize=4096)
+def _kernel_traits(name: str) -> tuple[str | None, str | None, str | None]:
+    """(NCCL function, algorithm, protocol) from a kernel name, parsed once per distinct name."""
+    func, algo, proto = _KERNEL_FUNC.search(name), _ALGO.search(name), _PROTO.search(name)
+    return (
+        func.group(1) if func else None,
+        algo.group(1).upper() if algo else None,
+        proto.group(1).upper() if proto else None,
+    )
+
+
+def _rank_of(trace: dict, path: Path) -> int:
+    info = trace.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), int) and not isinstance(info["rank"], bool):
+        return info["rank"]
+    match = re.search(r"rank[_-]?(\d+)", path.name, re.I)
+    if match:
+        return int(match.group(1))
+    raise EvidenceError(f"{path}: cannot tell the rank (no distributedInfo.rank, no 'rank<N>' in the file name)")
+
+
+def _args_of(event: dict) -> dict:
+    args = event.get("args")
+    return args if type(args) is dict else _NO_ARGS
+
+
+def _ints(values: list) -> pa.Array:
+    """``_int_arg`` on a whole column: ints as they are, integral floats as ints, anything else null."""
+    return pa.array(
+        [v if type(v) is int else (int(v) if type(v) is float and v.is_integer() else None) for v in values],
+        pa.int64(),
+    )
+
+
+def _floats(values: list) -> np.ndarray:
+    """``_number`` on a whole column: ints and floats as float64, anything else (bools, text, missing) NaN."""
+    return np.array([v if type(v) is float or type(v) is int else np.nan for v in values], dtype=np.float64)
+
+
+def _texts(values: list) -> pa.Array:
+    """Strings as they are, anything else null."""
+    return pa.array([v if type(v) is str else None for v in values], pa.string())
+
+
+def _ns(us: np.ndarray, base_ns: int, path: Path) -> np.ndarray:
+    """Microseconds on the trace clock -> int64 ns since the epoch (NaN gives ``base_ns``: callers mask it)."""
+    finite = us[~np.isnan(us)]
+    if len(finite) and not (np.abs(finite).max() * 1000 + abs(base_ns) < 9.2e18):
+        raise EvidenceError(f"{path}: a timestamp is out of range")
+    # np.rint rounds half to even, as Python's round() did.
+    return np.rint(np.nan_to_num(us) * 1000).astype(np.int64) + np.int64(base_ns)
+
+
+def _load_one(path: Path, trace: dict) -> pa.Table:
+    rank = _rank_of(trace, path)
+    base = trace.get("baseTimeNanoseconds")
+    base_ns = int(base) if isinstance(base, int) and not isinstance(base, bool) else 0
+    if abs(base_ns) >= 1 << 62:
+        raise EvidenceError(f"{path}: baseTimeNanoseconds {base_ns} is out of range")
+    info_value = trace.get("distributedInfo")
+    info: dict = info_value if isinstance(info_value, dict) else {}
+    pg_desc: dict[str, tuple[Any, list[int] | None]] = {}
+    for pg in info.get("pg_config", []) or []:
+        if isinstance(pg, dict) and "pg_name" in pg:
+            pg_desc[str(pg["pg_name"])] = (pg.get("pg_desc"), _ranks(pg.get("ranks")))
+
+    # One filtering pass over the events keeps complete spans ("X") with a name; every later step
+    # works on the few selected events, one column at a time.
+    spans = [e for e in trace["traceEvents"] if type(e) is dict and e.get("ph") == "X" and type(e.get("name")) is str]
+    kernels = [e for e in spans if e.get("cat") == "kernel"]
+    kernel_args = [_args_of(e) for e in kernels]
+    keep = [
+        ("Collective name" in a or e["name"].startswith("nccl")) and type(t := e.get("ts")) in _NUMBER and t == t
+        for e, a in zip(kernels, kernel_args, strict=True)
+    ]
+    kernels, kernel_args = list(compress(kernels, keep)), list(compress(kernel_args, keep))
+    cpu_comms = {
+        x: e
+        for e in spans
+        if e["name"] == "record_param_comms"
+        and e.get("cat") != "kernel"
+        and type(x := _args_of(e).get("External id")) in _KEY
+    }
+    steps: list[tuple[float, float, int]] = []
+    for event in spans:
+        if event.get("cat") == "user_annotation" and event["name"].startswith("ProfilerStep#"):
+            match = _STEP.match(event["name"])
+            ts, dur = _number(event.get("ts")), _number(event.get("dur"))
+            if match and ts is not None and dur is not None:
+                steps.append((ts, ts + dur, int(match.group(1))))
+    steps.sort()
+
+    cpu = [cpu_comms.get(x) if type(x := a.get("External id")) in _KEY else None for a in kernel_args]
+    cpu_args = [_args_of(c) if c is not None else _NO_ARGS for c in cpu]
+
+    def merged(key: str) -> list:
+        # Kernel args win over those of the CPU op, as {**cpu_args, **kernel_args} would.
+        return [a[key] if key in a else c.get(key) for a, c in zip(kernel_args, cpu_args, strict=True)]
+
+    try:
+        names = pa.array([e["name"] for e in kernels], pa.string())
+        raw_op = pc.coalesce(_texts(merged("Collective name")), map_distinct(names, lambda n: _kernel_traits(n)[0]))
+        op = ops(raw_op)
+        is_p2p = pc.is_in(op, pa.array(["send", "recv"]))
+        group = [g if type(g) is str else ("unknown" if g is None else str(g)) for g in merged("Process Group Name")]
+        group_arr = pa.array(group, pa.string())
+        listed = {name: value[1] for name, value in pg_desc.items()}
+        ranks = [_ranks(v) or listed.get(g) for v, g in zip(merged("Process Group Ranks"), group, strict=True)]
+        size = _ints(merged("Group size"))
+        size_from_ranks = pa.array([len(r) if r else None for r in ranks], pa.int64())
+        dtype = dtypes(_texts(merged("dtype")))
+        count = _ints(merged("In msg nelems"))
+        itemsize = pa.array(itemsizes(dtype))
+        seq = pc.coalesce(_ints(merged("Seq")), _ints(merged("seq")))
+        peer = pc.coalesce(*[_ints(merged(key)) for key in _PEER_KEYS])
+        descs = [d if d else None for d in merged("Process Group Description")]
+        pg_descs = map_distinct(group_arr, lambda g: pg_desc.get(g, (None, None))[0] if g is not None else None)
+        ts = _floats([e["ts"] for e in kernels])
+        dur = np.nan_to_num(_floats([e.get("dur") for e in kernels]))
+        cpu_ts = _floats([c.get("ts") if c is not None else None for c in cpu])
+        pid = [p if c is not None and type(p := c.get("pid")) is int else None for c in cpu]
+        bytes_ = pc.if_else(pc.equal(itemsize, 0), pa.scalar(None, pa.int64()), pc.multiply_checked(count, itemsize))
+        has_cpu = ~np.isnan(cpu_ts)
+        enqueue = np.where(has_cpu, cpu_ts, ts)
+        columns: dict[str, Any] = {
+            "pid": pa.array(pid, pa.int64()),
+            "device": _ints([a.get("device") for a in kernel_args]),
+            "comm_id": group_arr,
+            "comm_name": group_arr,
+            "comm_desc": pc.coalesce(pa.array(descs, pa.string()), pg_descs) if kernels else pa.array([], pa.string()),
+            "comm_size": pc.coalesce(size, size_from_ranks),
+            "comm_ranks": pa.array(ranks, pa.list_(pa.int32())),
+            "op": op,
+            "is_p2p": is_p2p,
+            "seq": seq,
+            "count": count,
+            "bytes": bytes_,
+            "dtype": dtype,
+            "peer": peer,
+            "enqueue_ns": pa.array(_ns(cpu_ts, base_ns, path), mask=~has_cpu),
+            "start_ns": _ns(ts, base_ns, path),
+            "end_ns": _ns(ts + dur, base_ns, path),
+            "stream": _ints([a.get("stream") for a in kernel_args]),
+            "algo": map_distinct(names, lambda n: _kernel_traits(n)[1] if n else None),
+            "proto": map_distinct(names, lambda n: _kernel_traits(n)[2] if n else None),
+            "record_id": _ints([a.get("External id") for a in kernel_args]),
+        }
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
+        raise EvidenceError(f"{path}: a kernel argument has a value out of range or of the wrong type: {exc}") from exc
+    n = len(kernels)
+    if n and np.any(np.diff(enqueue) < 0):
+        # Kernels are listed by GPU stream; sequences and steps follow the CPU enqueue order.
+        order = np.argsort(enqueue, kind="stable")
+        columns = {k: pc.take(v, order) if isinstance(v, pa.Array) else v[order] for k, v in columns.items()}
+        enqueue = enqueue[order]
+
+    # Sequences the trace does not carry: ordinal per (process group, collective|p2p) in enqueue order.
+    if n and columns["seq"].null_count:
+        frame = pl.DataFrame({"g": columns["comm_id"], "p": columns["is_p2p"]})
+        ordinal = frame.select(pl.int_range(pl.len(), dtype=pl.Int64).over("g", "p")).to_series().to_arrow()
+        columns["seq"] = pc.coalesce(columns["seq"], ordinal)
+
+    # Step labels: the ProfilerStep span the op was enqueued in (one vectorised search).
+    if steps and n:
+        starts = np.array([s[0] for s in steps])
+        ends = np.array([s[1] for s in steps])
+        labels = np.array([s[2] for s in steps], dtype=np.int64)
+        index = np.searchsorted(starts, enqueue, side="right") - 1
+        inside = (index >= 0) & (enqueue <= ends[np.clip(index, 0, None)])
+        columns["step"] = pa.array(labels[np.clip(index, 0, None)], mask=~inside)
+    columns["rank"] = np.full(n, rank, np.int64)
+    columns["seq_kind"] = pc.if_else(columns["is_p2p"], "p2p", "comm") if n else pa.array([], pa.string())
+    columns["state"] = pa.repeat(pa.scalar("completed"), n)
+    columns["source"] = pa.repeat(pa.scalar(NAME), n)
+    ops_table = to_table(columns, path)
+
+    # The step spans themselves, as "compute" rows: step boundaries are ground truth for step recovery.
+    span_columns = {
+        "rank": [rank] * len(steps),
+        "comm_id": [""] * len(steps),
+        "op": ["compute"] * len(steps),
+        "is_p2p": [False] * len(steps),
+        "state": ["completed"] * len(steps),
+        "step": [s[2] for s in steps],
+        "start_ns": _ns(np.array([s[0] for s in steps], np.float64), base_ns, path),
+        "end_ns": _ns(np.array([s[1] for s in steps], np.float64), base_ns, path),
+        "source": [NAME] * len(steps),
+    }
+    return concat([ops_table, to_table(span_columns, path)])
+
+
+def load(path: Path) -> pa.Table:
+    """The NCCL operations (and ProfilerStep spans) of every trace under ``path``."""
+    path = Path(path)
+    if not path.exists():
+        raise EvidenceError(f"{path}: no such file or directory")
+    files = _trace_files(path)
+    if not files:
+        raise EvidenceError(f"{path}: no Kineto trace found")
+    tables: list[pa.Table] = []
+    seen: dict[int, Path] = {}
+    for file in files:
+        trace = _read(file)
+        table = _load_one(file, trace)
+        rank = _rank_of(trace, file)
+        if rank in seen:
+            raise EvidenceError(f"{file}: rank {rank} already read from {seen[rank].name}")
+        seen[rank] = file
+        tables.append(table)
+    result = concat(tables)
+    if result.num_rows == 0:
+        raise EvidenceError(f"{path}: no NCCL operations or ProfilerStep spans in the trace(s)")
+    return result
+
+
+register(Importer(NAME, detect, load))

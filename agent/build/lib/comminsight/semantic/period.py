@@ -1,0 +1,67 @@
+"""Period detection on a signature sequence: the fallback when no template fits.
+
+Training repeats the same communication every step, so a rank's signature sequence x is
+periodic. The period P is the smallest lag whose match rate ``mean(x[i] == x[i + P])`` is
+within ``tolerance`` of the best lag's (multiples of the period match as well), provided it
+reaches ``min_match``. The anchor (the operation that opens a step) is a signature, or a pair
+(previous signature, signature), that occurs once per period; among those, the one preceded by
+the longest median idle gap, because steps are separated by the optimizer, data loading and the
+forward pass, where little communication runs. Pairs matter when the opening operation also
+occurs elsewhere in the step (DDP's equal-sized gradient buckets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Period:
+    period: int  # operations per step
+    anchor: int  # signature that opens each step
+    anchor_prev: int  # signature just before it (-1: the anchor alone is unique per period)
+    match: float  # match rate at the period lag
+
+
+def detect_period(
+    sig: np.ndarray,
+    start_ns: np.ndarray,
+    end_ns: np.ndarray,
+    max_period: int = 2048,
+    min_match: float = 0.8,
+    tolerance: float = 0.02,
+) -> Period | None:
+    """Period and anchor of one rank's signature sequence, or None when it is not periodic."""
+    n = len(sig)
+    limit = min(max_period, n // 2)
+    if limit < 1:
+        return None
+    rates = np.empty(limit + 1)
+    rates[0] = 0.0
+    for lag in range(1, limit + 1):  # one vectorised comparison per lag, not per event
+        rates[lag] = np.count_nonzero(sig[:-lag] == sig[lag:]) / (n - lag)
+    top_rate = rates.max()
+    if top_rate < min_match:
+        return None
+    period = int(np.flatnonzero(rates >= top_rate - tolerance)[0])
+    expected = n / period
+    gap = np.empty(n, dtype=np.float64)
+    gap[0] = 0.0
+    gap[1:] = start_ns[1:] - end_ns[:-1]
+    base = np.int64(sig.max()) + 1
+    pairs = np.full(n, -1, dtype=np.int64)
+    pairs[1:] = sig[:-1].astype(np.int64) * base + sig[1:]
+    best: tuple[float, int, int] | None = None
+    for values, is_pair in ((sig.astype(np.int64), False), (pairs[1:], True)):
+        codes, counts = np.unique(values, return_counts=True)
+        for code in codes[np.abs(counts - expected) <= 1 + 0.05 * expected]:  # a handful of candidates
+            where = np.flatnonzero(values == code) + (1 if is_pair else 0)
+            g = float(np.median(gap[where]))
+            anchor, prev = (int(code % base), int(code // base)) if is_pair else (int(code), -1)
+            if best is None or g > best[0] + 1e-9:
+                best = (g, anchor, prev)
+    if best is None:
+        return None
+    return Period(period=period, anchor=best[1], anchor_prev=best[2], match=float(rates[period]))

@@ -1,0 +1,465 @@
+"""State changes of the analysis app: request a job, run it, publish its progress, Step calibration, trace export.
+
+The analyses themselves are pure functions of the ``comminsight`` library; this module loads a
+workload's Parquet store (pyarrow.dataset, whole columns), calls one of them and stores its JSON
+report. Re-run semantics are described in ``models``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.dataset as ds
+from django.conf import settings
+from django.db import IntegrityError, InterfaceError, OperationalError, transaction
+from django.utils import timezone
+
+from apps.accounts.models import User
+from apps.workloads.ingest import store_dir, workload_parquet_files
+from apps.workloads.models import Workload
+from apps.workloads.selectors import workload_can_manage
+from comminsight.evidence.schema import SCHEMA, empty_table
+
+from .models import AnalysisJob, AnalysisKind, JobState, StepCalibration
+
+logger = logging.getLogger(__name__)
+
+# Infrastructure trouble worth retrying (the task's autoretry list); anything else fails the job with its reason.
+RETRYABLE = (OperationalError, InterfaceError, OSError)
+MAX_ERROR_CHARS = 2000
+
+
+class AnalysisParameterError(ValueError):
+    """Parameters that cannot be used; ``errors`` maps each field to what is wrong with it."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+        self.errors = errors
+
+
+class AnalysisPermissionDenied(PermissionError):
+    pass
+
+
+# --- Parameters ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Number:
+    default: float
+    low: float
+    high: float
+    help: str
+
+    def parse(self, value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError("must be a number")
+        if isinstance(value, str) and len(value) <= 32:
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError("must be a number") from None
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        if not self.low <= value <= self.high:
+            raise ValueError(f"must be between {self.low:g} and {self.high:g}")
+        return float(value)
+
+
+@dataclass(frozen=True)
+class Flag:
+    default: bool
+    help: str
+
+    def parse(self, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        # HTML forms send strings; accept the usual spellings and nothing else.
+        if isinstance(value, str) and value.lower() in ("true", "1", "on", "yes", "false", "0", "off", "no"):
+            return value.lower() in ("true", "1", "on", "yes")
+        raise ValueError("must be true or false")
+
+
+PARAMETERS: dict[str, dict[str, Number | Flag]] = {
+    AnalysisKind.HANG: {
+        "silence_s": Number(60.0, 0.001, 7 * 86400, "a rank silent this long before the last event stopped reporting"),
+    },
+    AnalysisKind.STEPS: {
+        "period_only": Flag(False, "skip the layout templates; use period detection"),
+        "ignore_labels": Flag(False, "do not compare with the input's step labels"),
+    },
+    AnalysisKind.STRAGGLERS: {
+        "min_gain": Number(0.02, 0.0, 1.0, "smallest share of step time a culprit must save"),
+        "ignore_labels": Flag(False, "use recovered steps even when labels exist"),
+    },
+    AnalysisKind.PERF: {
+        "slow_fraction": Number(0.5, 0.01, 1.0, "flag below this share of the best observed bus bandwidth"),
+    },
+}
+
+
+def analysis_parameters(kind: Any, params: Any) -> dict[str, Any]:
+    """Validate ``params`` for ``kind``; return them with defaults filled. Raises AnalysisParameterError."""
+    if not isinstance(kind, str) or kind not in AnalysisKind.values:
+        raise AnalysisParameterError({"kind": f"must be one of {', '.join(AnalysisKind.values)}"})
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise AnalysisParameterError({"parameters": "must be an object"})
+    spec = PARAMETERS[kind]
+    errors: dict[str, str] = {}
+    unknown = [str(k)[:40] for k in params if k not in spec]
+    if unknown:
+        errors["parameters"] = f"unknown for {kind}: {', '.join(sorted(unknown)[:10])}"
+    clean: dict[str, Any] = {}
+    for name, field in spec.items():
+        if name not in params or params[name] is None:
+            clean[name] = field.default
+            continue
+        try:
+            clean[name] = field.parse(params[name])
+        except ValueError as exc:
+            errors[name] = str(exc)
+    if errors:
+        raise AnalysisParameterError(errors)
+    return clean
+
+
+def _parameters_key(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, separators=(",", ":"))
+
+
+# --- The store -------------------------------------------------------------------------------------------------
+
+
+def store_fingerprint(files: list[Path]) -> str:
+    """Identity of what the store holds now (names, sizes, modification times): changes when ingest adds data."""
+    digest = hashlib.sha256()
+    root = store_dir()
+    for path in files:
+        stat = path.stat()
+        digest.update(f"{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:32]
+
+
+def load_operations(files: list[Path]) -> pa.Table:
+    """The workload's operations table: every Parquet file of its store read as one dataset (whole columns)."""
+    if not files:
+        return empty_table()
+    return ds.dataset([str(p) for p in files], format="parquet", schema=SCHEMA).to_table()
+
+
+# --- Requesting and running ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AnalysisRequestOutcome:
+    job: AnalysisJob
+    created: bool  # a new job row
+    queued: bool  # a run was queued (False: the existing job answers the request as it is)
+
+
+def analysis_request(
+    workload: Workload, kind: str, user: User | None, params: Any = None, force: bool = False
+) -> AnalysisRequestOutcome:
+    """Ask for an analysis of ``workload`` (already checked visible to ``user``); queue it when needed.
+
+    Raises AnalysisParameterError for bad ``kind``/``params``, before anything is written.
+    """
+    clean = analysis_parameters(kind, params)
+    key = _parameters_key(clean)
+    fingerprint = store_fingerprint(workload_parquet_files(workload))
+    for _ in range(2):  # a second pass only when a concurrent request created the row first
+        try:
+            with transaction.atomic():
+                job = (
+                    AnalysisJob.objects.select_for_update()
+                    .filter(workload=workload, kind=kind, parameters_key=key)
+                    .first()
+                )
+                created = job is None
+                if job is None:
+                    job = AnalysisJob.objects.create(
+                        workload=workload, kind=kind, parameters=clean, parameters_key=key, created_by=user
+                    )
+                    queued = True
+                elif job.state in (JobState.QUEUED, JobState.RUNNING):
+                    queued = False
+                elif job.state == JobState.DONE and job.store_fingerprint == fingerprint and not force:
+                    queued = False
+                else:
+                    job.state, job.progress, job.error = JobState.QUEUED, 0, ""
+                    job.created_by = user or job.created_by
+                    job.save(update_fields=["state", "progress", "error", "created_by", "updated_at"])
+                    queued = True
+                if queued:
+                    job_id = job.pk
+                    transaction.on_commit(lambda: _enqueue(job_id))
+            break
+        except IntegrityError:
+            continue
+    else:  # pragma: no cover - two IntegrityErrors in a row mean something else is wrong
+        raise RuntimeError("could not create the analysis job")
+    if queued:
+        publish_job(job)
+    return AnalysisRequestOutcome(job=job, created=created, queued=queued)
+
+
+def _enqueue(job_id: int) -> None:
+    from .tasks import run_analysis
+
+    run_analysis.delay(job_id)
+
+
+def _progress(job: AnalysisJob, percent: int) -> None:
+    job.progress = percent
+    job.save(update_fields=["progress", "updated_at"])
+    publish_job(job)
+
+
+def _run_hang(table: pa.Table, p: dict[str, Any]) -> dict[str, Any]:
+    from comminsight.analysis.hang import analyze_hang
+
+    return analyze_hang(table, silence_s=p["silence_s"])
+
+
+def _frame(table: pa.Table) -> pl.DataFrame:
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    if df.height == 0:
+        raise ValueError("no operations have been ingested for this workload yet")
+    return df
+
+
+def _run_steps(table: pa.Table, p: dict[str, Any]) -> dict[str, Any]:
+    from comminsight.semantic import recover_steps
+
+    df = _frame(table)
+    if p["ignore_labels"]:
+        df = df.with_columns(step=pl.lit(None, dtype=pl.Int64))
+    # Results stay uncalibrated: the workload's calibration is applied when they are shown.
+    report = recover_steps(df, use_templates=not p["period_only"], compute_waits=True)
+    doc: dict[str, Any] = {
+        "method": report.method,
+        "methods_by_rank": {str(k): v for k, v in sorted(report.methods_by_rank.items())},
+        "steps": report.steps,
+    }
+    if report.agreement is not None:
+        doc["agreement"] = report.agreement
+    return doc
+
+
+def _run_stragglers(table: pa.Table, p: dict[str, Any]) -> dict[str, Any]:
+    from comminsight.analysis.stragglers import analyse_stragglers
+
+    return analyse_stragglers(_frame(table), use_labels=not p["ignore_labels"], min_gain=p["min_gain"]).to_dict()
+
+
+def _run_perf(table: pa.Table, p: dict[str, Any]) -> dict[str, Any]:
+    from comminsight.analysis.perf import analyse_perf
+
+    return analyse_perf(_frame(table), slow_fraction=p["slow_fraction"])
+
+
+RUNNERS: dict[str, Callable[[pa.Table, dict[str, Any]], dict[str, Any]]] = {
+    AnalysisKind.HANG: _run_hang,
+    AnalysisKind.STEPS: _run_steps,
+    AnalysisKind.STRAGGLERS: _run_stragglers,
+    AnalysisKind.PERF: _run_perf,
+}
+
+
+def json_safe(value: Any) -> Any:
+    """The report as plain JSON: numpy scalars to Python, NaN/inf to null (PostgreSQL's jsonb refuses them)."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "item"):  # numpy scalar
+        return json_safe(value.item())
+    if hasattr(value, "tolist"):  # numpy array
+        return json_safe(value.tolist())
+    return str(value)
+
+
+def analysis_run(job_id: int, force: bool = False) -> str:
+    """Run one job (what the Celery task calls); return its final state, or 'missing'.
+
+    Idempotent: a done job is left alone unless ``force``. Infrastructure errors (RETRYABLE) propagate so
+    the task retries; an analysis that cannot run on this data fails the job with the reason.
+    """
+    with transaction.atomic():
+        job = AnalysisJob.objects.select_for_update().select_related("workload").filter(pk=job_id).first()
+        if job is None:
+            return "missing"
+        if job.state == JobState.DONE and not force:
+            return job.state
+        job.state, job.progress, job.error = JobState.RUNNING, 5, ""
+        job.attempts += 1
+        job.started_at, job.finished_at = timezone.now(), None
+        job.save()
+    publish_job(job)
+    files = workload_parquet_files(job.workload)
+    fingerprint = store_fingerprint(files)
+    try:
+        table = load_operations(files)
+        _progress(job, 30)
+        result = json_safe(RUNNERS[job.kind](table, dict(job.parameters)))
+    except RETRYABLE:
+        raise
+    except Exception as exc:  # the library refused this data: say why on the job
+        logger.info("analysis job %s failed: %s", job.pk, exc)
+        analysis_fail(job.pk, f"{type(exc).__name__}: {exc}")
+        return JobState.FAILED
+    _progress(job, 90)
+    job.result, job.store_fingerprint = result, fingerprint
+    job.state, job.progress, job.finished_at = JobState.DONE, 100, timezone.now()
+    job.save()
+    publish_job(job)
+    return job.state
+
+
+def analysis_fail(job_id: int, reason: str) -> None:
+    """Mark a job failed with ``reason`` (also used by the task when retries or time run out)."""
+    job = AnalysisJob.objects.filter(pk=job_id).first()
+    if job is None:
+        return
+    job.state, job.error, job.finished_at = JobState.FAILED, reason[:MAX_ERROR_CHARS], timezone.now()
+    job.save(update_fields=["state", "error", "finished_at", "updated_at"])
+    publish_job(job)
+
+
+# --- Live progress ---------------------------------------------------------------------------------------------
+
+
+def analysis_group(workload_id: int) -> str:
+    """Channels group of a workload's analysis jobs (``ws/workloads/<id>/analyses/``)."""
+    return f"analysis-workload-{workload_id}"
+
+
+def job_message(job: AnalysisJob) -> dict[str, Any]:
+    return {
+        "type": "job",
+        "id": job.pk,
+        "kind": job.kind,
+        "state": job.state,
+        "progress": job.progress,
+        "error": job.error,
+    }
+
+
+def publish_job(job: AnalysisJob) -> None:
+    """Tell open pages about a job's state and progress; never fails the caller."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(
+            analysis_group(job.workload_id), {"type": "analysis.job", "job": job_message(job)}
+        )
+    except Exception:  # progress is a courtesy: a broken channel layer must not fail the analysis
+        logger.exception("could not publish progress of analysis job %s", job.pk)
+
+
+# --- Step calibration ------------------------------------------------------------------------------------------
+
+
+MAX_STEP = 1 << 53
+
+
+def _step_number(value: Any, name: str) -> int:
+    if isinstance(value, bool):
+        raise AnalysisParameterError({name: "must be a whole number"})
+    try:
+        number = int(str(value).strip()) if isinstance(value, str) and len(value) <= 20 else value
+    except ValueError:
+        raise AnalysisParameterError({name: "must be a whole number"}) from None
+    if not isinstance(number, int) or not 0 <= number <= MAX_STEP:
+        raise AnalysisParameterError({name: f"must be a whole number between 0 and {MAX_STEP}"})
+    return number
+
+
+def calibration_apply(actor: User, workload: Workload, recovered: Any, framework: Any) -> StepCalibration:
+    """Persist "recovered step k is framework step n" for ``workload`` (manage level or administrator)."""
+    k, n = _step_number(recovered, "recovered"), _step_number(framework, "framework")
+    if not workload_can_manage(actor, workload):
+        raise AnalysisPermissionDenied("You need the manage level on this workload to calibrate its steps.")
+    calibration, _ = StepCalibration.objects.update_or_create(
+        workload=workload, defaults={"recovered": k, "framework": n, "set_by": actor}
+    )
+    return calibration
+
+
+def calibration_clear(actor: User, workload: Workload) -> bool:
+    if not workload_can_manage(actor, workload):
+        raise AnalysisPermissionDenied("You need the manage level on this workload to calibrate its steps.")
+    deleted, _ = StepCalibration.objects.filter(workload=workload).delete()
+    return bool(deleted)
+
+
+def calibrated_steps(result: dict[str, Any], calibration: StepCalibration | None) -> list[dict[str, Any]]:
+    """The per-step rows of a steps result, with the workload's calibration applied for display."""
+    offset = calibration.offset if calibration else 0
+    rows = []
+    for step in result.get("steps", []):
+        ranks = step.get("ranks", {}) or {}
+        n = max(len(ranks), 1)
+        recovered = step.get("step")
+        rows.append(
+            {
+                "recovered": recovered,
+                "step": recovered + offset if isinstance(recovered, int) and recovered >= 0 else recovered,
+                "start_ns": step.get("start_ns"),
+                "end_ns": step.get("end_ns"),
+                "duration_ms": step.get("duration_ms"),
+                "ranks": len(ranks),
+                "comm_ms": sum(sum((r.get("comm_ms") or {}).values()) for r in ranks.values()) / n,
+                "exposed_wait_ms": sum(r.get("exposed_wait_ms") or 0 for r in ranks.values()) / n,
+                "slowest_rank": max(ranks, key=lambda r: ranks[r].get("duration_ms") or 0) if ranks else None,
+            }
+        )
+    return rows
+
+
+# --- Trace export ----------------------------------------------------------------------------------------------
+
+
+def trace_export(workload: Workload) -> Path:
+    """A Chrome JSON trace (Perfetto opens it) of the workload's operations, cached per store state.
+
+    Written to a temporary name and renamed, so a concurrent download never sees half a file; older traces
+    of the workload are removed.
+    """
+    from comminsight.export.perfetto import write_trace
+
+    files = workload_parquet_files(workload)
+    fingerprint = store_fingerprint(files)
+    folder = Path(settings.DATA_DIR) / "exports" / f"workload-{workload.pk}"
+    target = folder / f"trace-{fingerprint}.json"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f".{target.name}.{os.getpid()}.part"
+    write_trace(load_operations(files), partial)
+    partial.replace(target)
+    for old in folder.glob("trace-*.json"):
+        if old != target:
+            old.unlink(missing_ok=True)
+    return target
