@@ -1,29 +1,39 @@
 """Benchmark: straggler analysis against HolisticTraceAnalysis's ``get_potential_stragglers``.
 
-Multi-rank PyTorch profiler (Kineto) traces recorded on GPUs do not exist in this repository yet,
-so this benchmark GENERATES synthetic ones in a temp dir from a seeded generator: one JSON trace
-per rank with ``ProfilerStep#N`` annotations, compute kernels, ``cudaLaunchKernel`` runtime events
-and NCCL all-reduce kernels (NCCL 2.17 names, which HTA recognises) with the collective args
-PyTorch writes. One rank (``--slow-rank``)
-computes ``--slow-factor`` times slower, so it reaches every all-reduce last while the others
-wait inside the kernel. Both tools read the same files; the time ratio counts loading plus
-analysis for each, and the two answers are printed side by side.
+Both tools read the same multi-rank PyTorch profiler (Kineto) traces; the time ratio counts loading
+plus analysis for each, and the two answers are printed side by side with the ground truth.
+
+Traces used, in order:
+- RECORDED (default when present): ``tests/data/kineto_gpu_lab_8rank/`` — 8 NCCL ranks recorded in the
+  GPU lab on an H200 with ``scripts/gpu_lab_kineto.py`` (DDP + a sub-group all-reduce, rank 5 sleeping
+  30 ms before backward every step; see that folder's README.md and meta.json for the truth).
+  HTA 0.5 only treats kernels named ``ncclKernel*`` as communication; NCCL >= 2.19 names them
+  ``ncclDevKernel_*``, so on these traces HTA fails as shipped. The benchmark reports that, then runs
+  HTA again on a copy with the kernels renamed to the old prefix (the only change), so both answers exist.
+- SYNTHETIC (``--synthetic``, or when the recorded folder is absent): generated in a temp dir from a
+  seeded generator: one JSON trace per rank with ``ProfilerStep#N`` annotations, compute kernels,
+  ``cudaLaunchKernel`` runtime events and NCCL all-reduce kernels (NCCL 2.17 names, which HTA
+  recognises) with the collective args PyTorch writes. One rank (``--slow-rank``) computes
+  ``--slow-factor`` times slower, so it reaches every all-reduce last while the others wait.
 
 HTA is a benchmark-only dependency (requirements/bench.txt); without it the comparison is skipped
 with a message and only CommInsight is timed.
 
-    .venv/bin/python bench/stragglers.py [--ranks 8] [--steps 20] [--slow-rank 5]
+    .venv/bin/python bench/stragglers.py [--traces DIR | --synthetic [--ranks 8] [--steps 20] [--slow-rank 5]]
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+RECORDED = Path(__file__).resolve().parent.parent / "tests/data/kineto_gpu_lab_8rank"
 
 
 def write_traces(out: Path, ranks: int, steps: int, slow_rank: int, slow_factor: float, seed: int = 0) -> None:
@@ -194,37 +204,81 @@ def run_hta(trace_dir: Path) -> tuple[float, float, list[int]] | str:
     return t1 - t0, time.perf_counter() - t1, [int(r) for r in answer]
 
 
+def copy_recorded(src: Path, dst: Path, rename_kernels: bool = False) -> int:
+    """Copies the per-rank traces of ``src`` into ``dst`` (optionally with NCCL kernels renamed for HTA)."""
+    total = 0
+    for path in sorted(src.glob("*.pt.trace.json.gz")):
+        data = path.read_bytes()
+        if rename_kernels:
+            # HTA 0.5 recognises communication kernels by the pre-2.19 prefix only
+            data = gzip.compress(gzip.decompress(data).replace(b'"ncclDevKernel_', b'"ncclKernel_'), compresslevel=1)
+        (dst / path.name).write_bytes(data)
+        total += len(data)
+    return total
+
+
+def report(trace_dir: Path, truth: str, hta_dir: Path | None = None) -> None:
+    """Runs both tools on ``trace_dir`` and prints the answers side by side."""
+    ours_load, ours_run, culprits, slowdown = run_comminsight(trace_dir)
+    print(
+        f"CommInsight: load {ours_load:.3f} s + analysis {ours_run:.3f} s; culprits {culprits}; "
+        f"estimated slowdown x{slowdown['ratio']:.3f}"
+    )
+    hta = run_hta(trace_dir)
+    if isinstance(hta, str):
+        print(hta)
+        if hta_dir is None or hta.startswith("HolisticTraceAnalysis is not installed"):
+            return
+        print("HTA again, on a copy with ncclDevKernel_* renamed ncclKernel_* (its pre-NCCL-2.19 prefix):")
+        hta = run_hta(hta_dir)
+        if isinstance(hta, str):
+            print(hta)
+            return
+    hta_parse, hta_run, hta_answer = hta
+    print(f"HTA: parse {hta_parse:.3f} s + get_potential_stragglers {hta_run:.3f} s; answer {hta_answer}")
+    same = bool(culprits) and bool(hta_answer) and culprits[0] == hta_answer[0]
+    print(
+        f"time ratio HTA / CommInsight: end to end {(hta_parse + hta_run) / (ours_load + ours_run):.1f}x, "
+        f"analysis only {hta_run / ours_run:.1f}x (target >= 10x); same answer: {same}"
+    )
+    print(f"side by side: truth {truth} | CommInsight {culprits[:1]} | HTA {hta_answer}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--traces", type=Path, default=RECORDED, help="folder of recorded per-rank traces")
+    parser.add_argument("--synthetic", action="store_true", help="generate synthetic traces instead")
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--slow-rank", type=int, default=5)
     parser.add_argument("--slow-factor", type=float, default=1.3)
     args = parser.parse_args()
+    recorded = not args.synthetic and args.traces.is_dir() and any(args.traces.glob("*.pt.trace.json.gz"))
     with tempfile.TemporaryDirectory(prefix="ci-bench-kineto-") as tmp:
-        trace_dir = Path(tmp)
+        trace_dir = Path(tmp) / "traces"
+        trace_dir.mkdir()
+        if recorded:
+            size = copy_recorded(args.traces, trace_dir)
+            meta_path = args.traces / "meta.json"
+            meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+            truth = meta.get("ground_truth", {}).get("slow_rank", "?")
+            print(
+                f"RECORDED Kineto traces ({args.traces}): {len(list(trace_dir.iterdir()))} ranks, "
+                f"{size / 1e6:.2f} MB gzipped, {meta.get('versions', {})}; injected: "
+                f"{meta.get('ground_truth', {}).get('injected', 'unknown')}"
+            )
+            hta_dir = Path(tmp) / "hta_compat"
+            hta_dir.mkdir()
+            copy_recorded(args.traces, hta_dir, rename_kernels=True)
+            report(trace_dir, f"[{truth}]", hta_dir)
+            return
         write_traces(trace_dir, args.ranks, args.steps, args.slow_rank, args.slow_factor)
         size = sum(p.stat().st_size for p in trace_dir.iterdir())
         print(
             f"SYNTHETIC Kineto traces (generated, not recorded on GPUs): {args.ranks} ranks x {args.steps} steps, "
             f"{size / 1e6:.1f} MB, known slow rank {args.slow_rank} (x{args.slow_factor} compute)"
         )
-        ours_load, ours_run, culprits, slowdown = run_comminsight(trace_dir)
-        print(
-            f"CommInsight: load {ours_load:.3f} s + analysis {ours_run:.3f} s; culprits {culprits}; "
-            f"estimated slowdown x{slowdown['ratio']:.3f}"
-        )
-        hta = run_hta(trace_dir)
-        if isinstance(hta, str):
-            print(hta)
-            return
-        hta_parse, hta_run, hta_answer = hta
-        print(f"HTA: parse {hta_parse:.3f} s + get_potential_stragglers {hta_run:.3f} s; answer {hta_answer}")
-        same = bool(culprits) and bool(hta_answer) and culprits[0] == hta_answer[0]
-        print(
-            f"time ratio HTA / CommInsight: end to end {(hta_parse + hta_run) / (ours_load + ours_run):.1f}x, "
-            f"analysis only {hta_run / ours_run:.1f}x (target >= 10x); same answer: {same}"
-        )
+        report(trace_dir, f"[{args.slow_rank}]")
 
 
 if __name__ == "__main__":

@@ -138,7 +138,12 @@ def perf_view(result: dict[str, Any]) -> dict[str, Any]:
         )
         if result.get(key)
     ]
-    return {"bandwidth": rows, "flagged": flagged, "note": result.get("note", ""), "slow_fraction": result.get("slow_fraction")}
+    return {
+        "bandwidth": rows,
+        "flagged": flagged,
+        "note": result.get("note", ""),
+        "slow_fraction": result.get("slow_fraction"),
+    }
 
 
 def report_view(kind: str, result: dict[str, Any], calibration: StepCalibration | None) -> dict[str, Any]:

@@ -179,40 +179,43 @@ def analysis_request(
     clean = analysis_parameters(kind, params)
     key = _parameters_key(clean)
     fingerprint = store_fingerprint(workload_parquet_files(workload))
-    for _ in range(2):  # a second pass only when a concurrent request created the row first
-        try:
-            with transaction.atomic():
-                job = (
-                    AnalysisJob.objects.select_for_update()
-                    .filter(workload=workload, kind=kind, parameters_key=key)
-                    .first()
-                )
-                created = job is None
-                if job is None:
-                    job = AnalysisJob.objects.create(
-                        workload=workload, kind=kind, parameters=clean, parameters_key=key, created_by=user
-                    )
-                    queued = True
-                elif job.state in (JobState.QUEUED, JobState.RUNNING):
-                    queued = False
-                elif job.state == JobState.DONE and job.store_fingerprint == fingerprint and not force:
-                    queued = False
-                else:
-                    job.state, job.progress, job.error = JobState.QUEUED, 0, ""
-                    job.created_by = user or job.created_by
-                    job.save(update_fields=["state", "progress", "error", "created_by", "updated_at"])
-                    queued = True
-                if queued:
-                    job_id = job.pk
-                    transaction.on_commit(lambda: _enqueue(job_id))
-            break
-        except IntegrityError:
-            continue
-    else:  # pragma: no cover - two IntegrityErrors in a row mean something else is wrong
-        raise RuntimeError("could not create the analysis job")
+    try:
+        job, created, queued = _claim(workload, kind, clean, key, fingerprint, user, force)
+    except IntegrityError:  # a concurrent request created the row first: now it exists
+        job, created, queued = _claim(workload, kind, clean, key, fingerprint, user, force)
     if queued:
-        publish_job(job)
+        job_id = job.pk
+        # After commit, in this order: pages hear "queued" before an (eager) run publishes its own progress.
+        transaction.on_commit(lambda: publish_job(job))
+        transaction.on_commit(lambda: _enqueue(job_id))
     return AnalysisRequestOutcome(job=job, created=created, queued=queued)
+
+
+@transaction.atomic
+def _claim(
+    workload: Workload,
+    kind: str,
+    clean: dict[str, Any],
+    key: str,
+    fingerprint: str,
+    user: User | None,
+    force: bool,
+) -> tuple[AnalysisJob, bool, bool]:
+    """Find or create the job row (locked) and decide whether it must run: (job, created, queued)."""
+    job = AnalysisJob.objects.select_for_update().filter(workload=workload, kind=kind, parameters_key=key).first()
+    if job is None:
+        job = AnalysisJob.objects.create(
+            workload=workload, kind=kind, parameters=clean, parameters_key=key, created_by=user
+        )
+        return job, True, True
+    busy = job.state in (JobState.QUEUED, JobState.RUNNING)
+    current = job.state == JobState.DONE and job.store_fingerprint == fingerprint and not force
+    if busy or current:
+        return job, False, False
+    job.state, job.progress, job.error = JobState.QUEUED, 0, ""
+    job.created_by = user or job.created_by
+    job.save(update_fields=["state", "progress", "error", "created_by", "updated_at"])
+    return job, False, True
 
 
 def _enqueue(job_id: int) -> None:

@@ -3,13 +3,16 @@
 Bytes are streamed to ``<data dir>/uploads/<upload id>.part`` in 1 MiB blocks, never held whole in
 memory. A chunk is written at the upload's offset while its sha256 is computed; if anything is wrong
 (checksum, size, a short body) the file is truncated back to the old offset, so nothing is appended.
-The upload row is locked (``select_for_update``) while a chunk is written, so two clients appending to
-one upload take turns. Archives are identified by sha256: ``archive_register`` stores each once (a
-unique constraint settles races) and queues ingest after the transaction commits.
+The part file is locked (``flock``) while a chunk is written, so two clients appending to one upload take
+turns, also across server processes; the offset moves with one conditional UPDATE. Chunks are not fsync'ed
+one by one: finalize fsyncs the verified file before the archive is registered. Archives are identified by
+sha256: ``archive_register`` stores each once (a unique constraint settles races) and queues ingest after the
+transaction commits.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -22,6 +25,7 @@ from typing import IO
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
+from django.utils import timezone
 
 from apps.accounts.models import AgentToken, User
 
@@ -166,14 +170,30 @@ def _parse_checksum(header: str | None) -> str:
 def upload_append(
     *, owner: User, upload_id: uuid.UUID, offset: int, checksum: str | None, length: int, body: IO[bytes]
 ) -> Upload:
-    """Append one chunk of ``length`` bytes read from ``body`` at ``offset``. All or nothing."""
+    """Append one chunk of ``length`` bytes read from ``body`` at ``offset``. All or nothing.
+
+    Appenders of one upload take turns on an exclusive ``flock`` of its part file (across threads and
+    server processes), so the database sees two statements per chunk: the owner/offset check and one
+    ``UPDATE … WHERE offset = <old>`` in autocommit. Bytes are not fsync'ed here; ``upload_finalize``
+    makes the verified file durable (see docs/formats/upload.md, "Durability").
+    """
     expected = _parse_checksum(checksum)
-    with transaction.atomic():
-        upload = Upload.objects.select_for_update().filter(pk=upload_id, owner=owner).first()
+    try:
+        part = open(uploads_dir() / f"{upload_id}.part", "r+b")  # noqa: SIM115 (closed below)
+    except FileNotFoundError:
+        raise UploadNotFound("no such upload") from None
+    with part:
+        fcntl.flock(part.fileno(), fcntl.LOCK_EX)
+        upload = Upload.objects.filter(pk=upload_id, owner=owner).first()
         if upload is None:
             raise UploadNotFound("no such upload")
         if upload.state != UploadState.OPEN:
             raise UploadConflict("upload is already complete", offset=upload.offset)
+        on_disk = os.fstat(part.fileno()).st_size
+        if on_disk < upload.offset:
+            # Acknowledged bytes were lost (a crash before they reached the disk): continue from what is there.
+            Upload.objects.filter(pk=upload.pk, offset=upload.offset).update(offset=on_disk, updated_at=timezone.now())
+            raise UploadConflict(f"the server kept {on_disk} bytes; continue from there", offset=on_disk)
         if offset != upload.offset:
             raise UploadConflict(f"offset {offset} does not match the server's {upload.offset}", offset=upload.offset)
         if length <= 0:
@@ -184,28 +204,31 @@ def upload_append(
             raise UploadTooLarge(f"chunk ends at {offset + length}, past the declared size {upload.size}")
         digest = hashlib.sha256()
         written = 0
-        with open(part_path(upload), "r+b") as part:
-            part.truncate(offset)  # a crashed earlier attempt may have left bytes past the offset
-            part.seek(offset)
-            try:
-                while written < length:
-                    block = body.read(min(BLOCK, length - written))
-                    if not block:
-                        break
-                    digest.update(block)
-                    part.write(block)
-                    written += len(block)
-                if written != length:
-                    raise UploadError(f"body ended after {written} of {length} bytes; nothing was appended")
-                if digest.hexdigest() != expected:
-                    raise UploadChecksumMismatch("chunk checksum mismatch")
-                part.flush()
-                os.fsync(part.fileno())
-            except BaseException:
-                part.truncate(offset)
-                raise
-        upload.offset = offset + written
-        upload.save(update_fields=["offset", "updated_at"])
+        part.truncate(offset)  # a crashed earlier attempt may have left bytes past the offset
+        part.seek(offset)
+        try:
+            # One pass: each block is hashed and written as it is read; nothing larger than a block is held.
+            while written < length:
+                block = body.read(min(BLOCK, length - written))
+                if not block:
+                    break
+                digest.update(block)
+                part.write(block)
+                written += len(block)
+            if written != length:
+                raise UploadError(f"body ended after {written} of {length} bytes; nothing was appended")
+            if digest.hexdigest() != expected:
+                raise UploadChecksumMismatch("chunk checksum mismatch")
+            part.flush()
+            moved = Upload.objects.filter(pk=upload.pk, offset=offset, state=UploadState.OPEN).update(
+                offset=offset + written, updated_at=timezone.now()
+            )
+            if moved != 1:  # the upload was expired or deleted meanwhile
+                raise UploadNotFound("no such upload")
+        except BaseException:
+            part.truncate(offset)
+            raise
+    upload.offset = offset + written
     return upload
 
 
@@ -213,11 +236,16 @@ def upload_get(*, owner: User, upload_id: uuid.UUID) -> Upload | None:
     return Upload.objects.filter(pk=upload_id, owner=owner).first()
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: Path, *, sync: bool = False) -> str:
+    """sha256 of a file; with ``sync`` its bytes are also flushed to disk (fsync) once hashed."""
     digest = hashlib.sha256()
+    buffer = bytearray(BLOCK)
+    view = memoryview(buffer)
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(BLOCK), b""):
-            digest.update(block)
+        while count := handle.readinto(buffer):
+            digest.update(view[:count])
+        if sync:
+            os.fsync(handle.fileno())
     return digest.hexdigest()
 
 
@@ -234,7 +262,8 @@ def upload_finalize(*, owner: User, upload_id: uuid.UUID) -> tuple[Archive, bool
         if upload.offset != upload.size:
             raise UploadConflict(f"upload has {upload.offset} of {upload.size} bytes", offset=upload.offset)
         path = part_path(upload)
-        mismatch = file_sha256(path) != upload.sha256
+        # Appends do not fsync; the one durable point of an upload is here, before the archive is registered.
+        mismatch = file_sha256(path, sync=True) != upload.sha256
         if mismatch:
             # The bytes are not what was announced: discard (committed below), the client starts over.
             path.unlink(missing_ok=True)
@@ -285,6 +314,8 @@ def upload_oneshot(
                     raise UploadTooLarge("file is larger than the one-shot limit")
                 digest.update(block)
                 out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
         if digest.hexdigest() != sha256:
             raise UploadChecksumMismatch("sha256 mismatch")
         with transaction.atomic():
@@ -296,6 +327,14 @@ def upload_oneshot(
         return archive, created
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def archive_register(
@@ -327,6 +366,7 @@ def archive_register(
         path.parent.mkdir(parents=True, exist_ok=True)
         # Identical bytes under an identical name: a racing registration may have moved them already.
         os.replace(source_path, path)
+        _fsync_dir(path.parent)  # the rename is durable before the archive row says the bytes are stored
     try:
         with transaction.atomic():
             archive = Archive.objects.create(
@@ -351,8 +391,6 @@ def uploads_expire(older_than_s: float = 7 * 86400) -> int:
     """Delete open uploads nobody touched for ``older_than_s`` (their bytes too); they stop counting
     against the owner's quota. A client that comes back later simply starts over."""
     from datetime import timedelta
-
-    from django.utils import timezone
 
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
     expired = 0

@@ -61,7 +61,9 @@ def hung_table(ranks: int = 4, ops: int = 10, stuck_rank: int = 2) -> pa.Table:
     )
 
 
-def straggler_table(ranks: int = 4, steps: int = 12, buckets: int = 3, late_rank: int = 3, late_ms: float = 20.0) -> pa.Table:
+def straggler_table(
+    ranks: int = 4, steps: int = 12, buckets: int = 3, late_rank: int = 3, late_ms: float = 20.0
+) -> pa.Table:
     """Per step: 50 ms compute, then ``buckets`` all-reduces; ``late_rank`` arrives ``late_ms`` late each time."""
     per_rank = steps * buckets
     rank = np.repeat(np.arange(ranks), per_rank)

@@ -50,9 +50,11 @@ def test_hang_analysis_names_the_rank_that_stopped_first(personas, data_dir, run
     assert (job["state"], job["progress"]) == ("done", 100)
     assert job["result"]["verdict"] == "hang"
     assert job["result"]["root_cause_ranks"] == [2]
-    page = client_of(personas.bob).get(reverse("analysis:job", kwargs={"workload_id": personas.workload.pk, "job_id": job_id}))
+    page = client_of(personas.bob).get(
+        reverse("analysis:job", kwargs={"workload_id": personas.workload.pk, "job_id": job_id})
+    )
     html = page.content.decode()
-    assert '<span data-verdict>hang</span>' in html
+    assert "<span data-verdict>hang</span>" in html
     assert "<strong data-root-cause-ranks>2</strong>" in html
     # The verdict comes before the evidence tables.
     assert html.index("data-verdict") < html.index("Stuck groups")
@@ -69,14 +71,20 @@ def test_straggler_analysis_blames_the_late_rank_and_estimates_the_slowdown(pers
     assert stored.result["slowdown"]["ratio"] > 1.1
     ranks = {r["rank"]: r for r in stored.result["ranks"]}
     assert ranks[3]["waiting_ms"] < min(ranks[r]["waiting_ms"] for r in (0, 1, 2))
-    html = client_of(personas.alice).get(reverse("analysis:job", kwargs={"workload_id": personas.workload.pk, "job_id": stored.pk})).content.decode()
+    html = (
+        client_of(personas.alice)
+        .get(reverse("analysis:job", kwargs={"workload_id": personas.workload.pk, "job_id": stored.pk}))
+        .content.decode()
+    )
     assert "<span data-culprits>3</span>" in html
 
 
 def test_step_results_show_the_calibration_the_owner_applies(personas, data_dir, run_on_commit):
     write_store(data_dir, personas.workload.pk, straggler_table(steps=12))
     job = run_on_commit(
-        lambda: request_analysis(client_of(personas.alice), personas.workload, "steps", parameters={"ignore_labels": True})
+        lambda: request_analysis(
+            client_of(personas.alice), personas.workload, "steps", parameters={"ignore_labels": True}
+        )
     ).json()
     page_url = reverse("analysis:job", kwargs={"workload_id": personas.workload.pk, "job_id": job["id"]})
     alice = client_of(personas.alice)
@@ -106,7 +114,9 @@ def test_a_bad_calibration_is_refused_and_nothing_is_stored(personas, body):
 def test_performance_analysis_reports_bus_bandwidth_per_size(personas, data_dir, run_on_commit):
     write_store(data_dir, personas.workload.pk, straggler_table(buckets=3))
     job = run_on_commit(lambda: request_analysis(client_of(personas.alice), personas.workload, "perf")).json()
-    page = client_of(personas.alice).get(reverse("analysis:job", kwargs={"workload_id": personas.workload.pk, "job_id": job["id"]}))
+    page = client_of(personas.alice).get(
+        reverse("analysis:job", kwargs={"workload_id": personas.workload.pk, "job_id": job["id"]})
+    )
     rows = page.context["report"]["bandwidth"]
     assert {r["op"] for r in rows} == {"all_reduce"}
     assert len(rows) == 3  # three payload sizes

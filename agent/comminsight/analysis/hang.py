@@ -44,6 +44,7 @@ def _frame(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
     keep = [
         "rank",
         "comm_id",
+        "comm_name",
         "comm_desc",
         "comm_size",
         "comm_ranks",
@@ -65,7 +66,16 @@ def _frame(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
     selected = table.select(keep)
     df = selected if isinstance(selected, pl.DataFrame) else pl.from_arrow(selected, rechunk=False)
     assert isinstance(df, pl.DataFrame)
-    return df.filter(pl.col("op") != "compute").with_row_index("_row")
+    # Without a description, the name the communicator was created with (NCCL's commName, e.g. a
+    # Megatron group name) reads better than a hash; a name that only repeats the id adds nothing.
+    named = pl.col("comm_name").is_not_null() & (pl.col("comm_name") != pl.col("comm_id"))
+    desc = pl.when(pl.col("comm_desc").is_null() & named).then(pl.col("comm_name")).otherwise(pl.col("comm_desc"))
+    return (
+        df.filter(pl.col("op") != "compute")
+        .with_columns(desc.alias("comm_desc"))
+        .drop("comm_name")
+        .with_row_index("_row")
+    )
 
 
 _IS_STREAM = ~pl.col("is_p2p") & pl.col("seq").is_not_null() & pl.col("seq_kind").is_not_null()
@@ -201,6 +211,11 @@ def _collective_streams(per_rank: pl.DataFrame, members: pl.DataFrame, evidence_
 def _stuck_streams(grid: pl.DataFrame) -> pl.DataFrame:
     """Per stuck stream: blocking seq, its kind, and member lists (entered, missing, waiting, lagging)."""
     keys = ["comm_id", "seq_kind", "sop"]
+    # A collective completes only once every member entered it: whatever one member completed,
+    # all entered, even when a member's own record of it was lost (a process that crashed before
+    # its last records were flushed, a ring that dropped them).
+    done_by_any = pl.col("watermark").max().over(keys).fill_null(_NONE)
+    grid = grid.with_columns(pl.max_horizontal("entered", done_by_any).alias("entered"))
     stats = grid.group_by(keys).agg(
         pl.col("first_pending").is_not_null().any().alias("stuck"),
         (pl.col("entered").filter(pl.col("has_evidence")).min() + 1).alias("s_entry"),
@@ -295,11 +310,31 @@ def _mismatches(coll: pl.DataFrame, at: pl.DataFrame) -> pl.DataFrame:
     return flagged.join(per_rank, on=keys, how="inner")
 
 
-def _p2p(df: pl.DataFrame) -> pl.DataFrame:
-    """Per (communicator, sender, receiver): pending sends vs pending receives, and who waits on whom."""
+_ORDER = pl.coalesce("enqueue_ns", "start_ns")  # program order of a rank's own operations, when timed
+
+
+def _p2p(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(per (communicator, sender, receiver): pending sends vs pending receives; the pending P2P rows).
+
+    A source may record one operation more than once (when it was enqueued, again when a timeout
+    or finalize found it in flight): rows of one rank with the same (communicator, op, peer, seq)
+    are one operation, pending only when none of them completed. Rows without a sequence are
+    counted as they come.
+    """
+    ops_schema = {
+        "rank": pl.Int32,
+        "comm_id": pl.String,
+        "op": pl.String,
+        "peer": pl.Int32,
+        "seq": pl.Int64,
+        "t": pl.Int64,
+        "record_id": pl.Int64,
+        "src": pl.Int32,
+        "dst": pl.Int32,
+    }
     p2p = df.filter(pl.col("is_p2p"))
     if p2p.is_empty():
-        return pl.DataFrame(
+        counts = pl.DataFrame(
             schema={
                 "comm_id": pl.String,
                 "src": pl.Int32,
@@ -307,31 +342,112 @@ def _p2p(df: pl.DataFrame) -> pl.DataFrame:
                 "sends": pl.UInt32,
                 "recvs": pl.UInt32,
                 "first_seq": pl.Int64,
+                "t_send": pl.Int64,
+                "rid_send": pl.Int64,
+                "t_recv": pl.Int64,
+                "rid_recv": pl.Int64,
             }
         )
+        return counts, pl.DataFrame(schema=ops_schema)
     wm = (
         p2p.filter((pl.col("op") == PROGRESS_OP) & (pl.col("state") == "completed"))
         .group_by("comm_id", "rank")
         .agg(pl.col("seq").max().alias("watermark"))
     )
-    ops = (
-        p2p.filter(pl.col("op").is_in(["send", "recv"]) & pl.col("peer").is_not_null())
-        .join(wm, on=["comm_id", "rank"], how="left")
-        .filter(
-            (pl.col("state") != "completed")
-            & (pl.col("watermark").is_null() | pl.col("seq").is_null() | (pl.col("seq") > pl.col("watermark")))
+    keys = ["rank", "comm_id", "op", "peer", "seq"]
+    rows = p2p.filter(pl.col("op").is_in(["send", "recv"]) & pl.col("peer").is_not_null()).select(
+        *keys, "state", _ORDER.alias("t"), "record_id"
+    )
+    with_seq = (
+        rows.filter(pl.col("seq").is_not_null())
+        .group_by(keys)
+        .agg(
+            (pl.col("state") == "completed").any().alias("done"),
+            pl.col("t").min(),
+            pl.col("record_id").min(),
         )
+        .filter(~pl.col("done"))
+        .drop("done")
+    )
+    without_seq = rows.filter(pl.col("seq").is_null() & (pl.col("state") != "completed")).drop("state")
+    ops = (
+        pl.concat([with_seq, without_seq.select(with_seq.columns)], how="vertical_relaxed")
+        .join(wm, on=["comm_id", "rank"], how="left")
+        .filter(pl.col("watermark").is_null() | pl.col("seq").is_null() | (pl.col("seq") > pl.col("watermark")))
+        .drop("watermark")
         .with_columns(
             pl.when(pl.col("op") == "send").then(pl.col("rank")).otherwise(pl.col("peer")).alias("src"),
             pl.when(pl.col("op") == "send").then(pl.col("peer")).otherwise(pl.col("rank")).alias("dst"),
         )
     )
+    send, recv = pl.col("op") == "send", pl.col("op") == "recv"
     counts = ops.group_by("comm_id", "src", "dst").agg(
-        (pl.col("op") == "send").sum().alias("sends"),
-        (pl.col("op") == "recv").sum().alias("recvs"),
+        send.sum().alias("sends"),
+        recv.sum().alias("recvs"),
         pl.col("seq").min().alias("first_seq"),
+        # Where each side's first pending operation of the pair sits in its own program order.
+        pl.col("t").filter(send).min().alias("t_send"),
+        pl.col("record_id").filter(send).min().alias("rid_send"),
+        pl.col("t").filter(recv).min().alias("t_recv"),
+        pl.col("record_id").filter(recv).min().alias("rid_recv"),
     )
-    return counts
+    return counts, ops.select(list(ops_schema)).cast(ops_schema)  # type: ignore[arg-type]
+
+
+def _earliest_pending(coll: pl.DataFrame, per_rank: pl.DataFrame, p2p_ops: pl.DataFrame) -> dict[int, dict]:
+    """Per rank, its first pending operation in its own program order (collective or P2P).
+
+    Program order is the enqueue (else start) time; without times, the source's record id (Flight
+    Recorder numbers a rank's entries in issue order). A rank whose pending rows carry neither is
+    left out: nothing says which of its operations came first.
+    """
+    keys = ["comm_id", "seq_kind", "sop", "rank"]
+    coll_pending = (
+        coll.filter((pl.col("state") != "completed") & (pl.col("op") != PROGRESS_OP))
+        .join(per_rank.select(*keys, "watermark"), on=keys, how="left")
+        .filter(pl.col("watermark").is_null() | (pl.col("seq") > pl.col("watermark")))
+        .group_by(*keys, "seq", "op")
+        .agg(_ORDER.min().alias("t"), pl.col("record_id").min())
+        .with_columns(pl.lit(None, pl.Int32).alias("peer"), pl.lit(False).alias("is_p2p"))
+    )
+    p2p_pending = p2p_ops.select(
+        "comm_id",
+        pl.lit("p2p").alias("seq_kind"),
+        pl.lit("").alias("sop"),
+        "rank",
+        "seq",
+        "op",
+        "t",
+        "record_id",
+        "peer",
+        pl.lit(True).alias("is_p2p"),
+    )
+    pending = pl.concat([coll_pending, p2p_pending.select(coll_pending.columns)], how="vertical_relaxed")
+    first = (
+        pending.filter(pl.col("t").is_not_null() | pl.col("record_id").is_not_null())
+        .sort(["rank", "t", "record_id"], nulls_last=True)
+        .group_by("rank", maintain_order=True)
+        .first()
+    )
+    return {int(row["rank"]): row for row in first.iter_rows(named=True)}
+
+
+def _order_key(t: int | None, record_id: int | None) -> tuple[float, float]:
+    return (t if t is not None else float("inf"), record_id if record_id is not None else float("inf"))
+
+
+def _blocked_earlier(first: dict | None, t: int | None, record_id: int | None, p2p_comm: str | None = None) -> bool:
+    """Whether a rank's first pending operation ``first`` comes before its operation at (t, record_id).
+
+    Then the rank's stream has not reached that operation: it is blocked in an earlier one. P2P
+    operations on the same communicator are treated as one batch (1F1B posts a send and a receive
+    together), never as blocking each other.
+    """
+    if first is None or (t is None and record_id is None):
+        return False
+    if p2p_comm is not None and first["is_p2p"] and first["comm_id"] == p2p_comm:
+        return False
+    return _order_key(first["t"], first["record_id"]) < _order_key(t, record_id)
 
 
 def _sink_components(edges: dict[int, set[int]], nodes: set[int]) -> list[set[int]]:
@@ -388,9 +504,14 @@ def _sink_components(edges: dict[int, set[int]], nodes: set[int]) -> list[set[in
 
 
 def _chain(roots: list[int], edges: dict[int, set[int]], blocked_by: dict[int, list[dict]]) -> list[dict[str, Any]]:
-    """From each root cause outwards (breadth first): the groups a rank blocks and who waits there."""
+    """From each root cause outwards (breadth first): the groups a rank blocks and who waits there.
+
+    ``waits_on`` is the rank one step closer to the root cause through which the rank was reached
+    (null for a root cause), so every entry's path to its root can be read back.
+    """
     chain: list[dict[str, Any]] = []
     depth = dict.fromkeys(roots, 0)
+    parent: dict[int, int | None] = dict.fromkeys(roots)
     queue = deque(roots)
     reverse: dict[int, set[int]] = defaultdict(set)
     for waiter, blockers in edges.items():
@@ -409,13 +530,30 @@ def _chain(roots: list[int], edges: dict[int, set[int]], blocked_by: dict[int, l
             }
             for g in blocked_by.get(rank, [])
         ]
-        chain.append({"rank": rank, "depth": depth[rank], "blocks": blocks})
+        chain.append({"rank": rank, "depth": depth[rank], "waits_on": parent[rank], "blocks": blocks})
         # Only waiters that block somebody themselves extend the chain.
         for waiter in sorted(reverse.get(rank, ())):
             if waiter not in depth and waiter in blocked_by:
                 depth[waiter] = depth[rank] + 1
+                parent[waiter] = rank
                 queue.append(waiter)
     return chain
+
+
+def _wait_paths(chain: list[dict[str, Any]], limit: int = 16) -> list[list[int]]:
+    """Paths from the outermost chain entries to their root cause (each rank waits on the next), longest first."""
+    via = {link["rank"]: link["waits_on"] for link in chain}
+    inner = {w for w in via.values() if w is not None}
+    paths = []
+    for link in chain:
+        if link["rank"] in inner:
+            continue
+        path = [link["rank"]]
+        while via.get(path[-1]) is not None:
+            path.append(via[path[-1]])
+        paths.append(path)
+    paths.sort(key=lambda p: (-len(p), p))
+    return paths[:limit]
 
 
 def _ranks(values: Any) -> list[int]:
@@ -439,6 +577,7 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
         "root_cause_ranks": [],
         "stuck_groups": [],
         "chain": [],
+        "wait_paths": [],
         "mismatches": [],
         "failures": {},
         "evidence": {},
@@ -462,7 +601,8 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
     stuck = _stuck_streams(grid)
     at = _ops_at(coll, stuck)
     mism = _mismatches(coll, at)
-    p2p = _p2p(rest)
+    p2p, p2p_ops = _p2p(rest)
+    first_pending = _earliest_pending(coll, per_rank, p2p_ops)
 
     # Representative op/shape/dtype at each blocking seq: the most common among the ranks there.
     # Ties (e.g. all_to_all, whose split sizes differ per rank) go to the lowest rank.
@@ -514,6 +654,12 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
     lagging_in: dict[int, list[str]] = defaultdict(list)
     mismatch_roots: list[int] = []
     stuck_groups = []
+    # Which stuck group each pending operation belongs to, and whom that group waits for: a rank
+    # blocked in its first pending operation waits for that group's blockers ("missing because
+    # blocked earlier", below).
+    group_of: dict[tuple, dict] = {}
+    blockers_of: dict[int, list[int]] = {}
+    all_inside: list[tuple[tuple, dict]] = []
 
     for row in stuck.sort("comm_id", "seq_kind", "sop").iter_rows(named=True):
         key = (row["comm_id"], row["seq_kind"], row["sop"])
@@ -566,10 +712,42 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
             missing_from[r].append(row["comm_id"])
         for r in waiting:
             waiting_in[r].append(row["comm_id"])
+        group_of[key] = group
+        blockers_of[id(group)] = blockers
+        if kind == "all_inside":
+            all_inside.append((key, group))
         for b in blockers:
             blocked_by[b].append(group)
             for w in waiters:
                 if w != b:
+                    edges[w].add(b)
+
+    if all_inside:
+        # Everyone entered and nobody completed: a member whose stream is still busy with an
+        # earlier pending operation has not really started this one; the others wait for it.
+        keys = ["comm_id", "seq_kind", "sop"]
+        wanted = pl.DataFrame([k for k, _ in all_inside], schema=keys, orient="row")
+        member_order = (
+            at.join(wanted, on=keys, how="semi")
+            .group_by(*keys, "rank")
+            .agg(_ORDER.min().alias("t"), pl.col("record_id").min())
+        )
+        order_at = {(c, k, o, int(r)): (t, rid) for c, k, o, r, t, rid in member_order.iter_rows()}
+        for key, group in all_inside:
+            late = [
+                r
+                for r in group["entered_ranks"]
+                if _blocked_earlier(first_pending.get(r), *order_at.get((*key, r), (None, None)))
+            ]
+            inside = [r for r in group["entered_ranks"] if r not in late]
+            if not late or not inside:
+                continue
+            group["blocked_earlier_ranks"] = late
+            group["waiting_ranks"] = inside
+            blockers_of[id(group)] = late
+            for b in late:
+                blocked_by[b].append(group)
+                for w in inside:
                     edges[w].add(b)
 
     for row in p2p.iter_rows(named=True):
@@ -586,6 +764,21 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
         else:
             waiter, blocker, op = None, None, "send/recv"
         kind = "p2p_unmatched" if blocker is not None else "p2p_inside"
+        late: list[int] = []
+        if blocker is None and sends:
+            # Both sides posted. A side whose stream is still busy with an earlier operation has not
+            # reached its part yet: the other side waits for it.
+            comm = row["comm_id"]
+            late = [
+                r
+                for r, t, rid in ((src, row["t_send"], row["rid_send"]), (dst, row["t_recv"], row["rid_recv"]))
+                if _blocked_earlier(first_pending.get(r), t, rid, p2p_comm=comm)
+            ]
+            if len(late) == 1:
+                blocker = late[0]
+                waiter = dst if blocker == src else src
+            else:
+                late = []
         if waiter is not None and waiter in lagging_in:
             # The waiter's own completions stalled (its GPU stopped), so its pending P2P ops may well
             # have completed on the peer: they are no evidence against the peer.
@@ -598,8 +791,8 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
             "seq_kind": "p2p",
             "shape": None,
             "dtype": None,
-            "entered_ranks": sorted({src, dst} - ({blocker} if blocker is not None else set())),
-            "missing_ranks": [blocker] if blocker is not None else [],
+            "entered_ranks": sorted({src, dst} - ({blocker} if blocker is not None and not late else set())),
+            "missing_ranks": [blocker] if blocker is not None and not late else [],
             "kind": kind,
             "waiting_ranks": [waiter] if waiter is not None else [src, dst],
             "lagging_ranks": [],
@@ -610,12 +803,35 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
             "src": src,
             "dst": dst,
         }
+        if late:
+            group["blocked_earlier_ranks"] = late
         stuck_groups.append(group)
+        group_of[(row["comm_id"], src, dst)] = group
+        blockers_of[id(group)] = [blocker] if blocker is not None else []
         if blocker is not None and waiter is not None:
             edges[waiter].add(blocker)
             blocked_by[blocker].append(group)
-            missing_from[blocker].append(row["comm_id"])
+            if not late:
+                missing_from[blocker].append(row["comm_id"])
             waiting_in[waiter].append(row["comm_id"])
+
+    # Missing because blocked earlier: a rank that others wait for but that is itself inside an
+    # earlier pending operation (its own program order) is not where progress stopped; it waits
+    # for whoever blocks that operation.
+    for r in sorted(blocked_by):
+        first = first_pending.get(r)
+        if first is None:
+            continue
+        if first["is_p2p"]:
+            pair = (r, first["peer"]) if first["op"] == "send" else (first["peer"], r)
+            target = group_of.get((first["comm_id"], *pair))
+        else:
+            target = group_of.get((first["comm_id"], first["seq_kind"], first["sop"]))
+        if target is None:
+            continue
+        for b in blockers_of.get(id(target), []):
+            if b != r:
+                edges[r].add(b)
 
     # Root causes: the sink components among the ranks somebody waits for.
     blockers_all = set(blocked_by)
@@ -654,6 +870,20 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
     abandoned = dict(
         zip(map(str, with_abandoned["rank"].to_list()), with_abandoned["abandoned"].to_list(), strict=True)
     )
+    if abandoned:
+        # Peers that were still alive when the job was aborted recorded their in-flight operations
+        # as abandoned. A rank they wait for that recorded no abandonment and whose evidence ends
+        # before theirs did not go on reporting to the end: it crashed, was killed, or is stuck
+        # outside communication (the operations table alone cannot tell these apart).
+        alive_until = max((last_ns.get(int(r)) or _NO_TIME) for r in abandoned)
+        stopped = sorted(
+            set(stopped)
+            | {
+                r
+                for r in missing_from
+                if str(r) not in abandoned and last_ns.get(r) is not None and last_ns[r] < alive_until
+            }
+        )
 
     chain = _chain(roots, edges, blocked_by)
 
@@ -687,15 +917,33 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
             item["waiting_in"] = sorted(set(waiting_in[r]))[:_MAX_LISTED]
         if r in lagging_in:
             item["completions_lag_in"] = sorted(set(lagging_in[r]))[:_MAX_LISTED]
+        first = first_pending.get(r)
+        if first is not None:
+            item["first_pending"] = {
+                "group_id": first["comm_id"],
+                "group_desc": desc_of.get(first["comm_id"]),
+                "op": first["op"],
+                "seq": first["seq"],
+                "peer": first["peer"],
+            }
+        if edges.get(r):
+            item["waits_on"] = sorted(edges[r])[:_MAX_LISTED]
         if str(r) in abandoned:
             item["abandoned_ops"] = abandoned[str(r)]
 
     order = {"mismatch": 0, "missing_ranks": 1, "p2p_unmatched": 2, "lagging_ranks": 3, "p2p_inside": 4}
+
     # Within a kind, the group where ranks were first seen entering comes first: that is where
     # progress diverged earliest.
+    def blocked_by_root(group: dict) -> bool:
+        blockers = group["missing_ranks"] + group["lagging_ranks"] + group.get("blocked_earlier_ranks", [])
+        return bool(root_set.intersection(blockers))
+
+    # Within a kind, the groups the root causes block first (the others are knock-on effects).
     stuck_groups.sort(
         key=lambda g: (
             order.get(g["kind"], 5),
+            not blocked_by_root(g),
             g["first_entered_ns"] if g["first_entered_ns"] is not None else float("inf"),
             -len(g["missing_ranks"]),
             str(g["group_id"]),
@@ -716,6 +964,7 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
         root_cause_ranks=roots,
         stuck_groups=stuck_groups,
         chain=chain,
+        wait_paths=_wait_paths(chain),
         mismatches=mismatches,
         failures={
             "no_evidence_ranks": no_evidence,

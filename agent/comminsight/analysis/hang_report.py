@@ -49,6 +49,8 @@ def render_text(report: dict[str, Any], console: Console) -> None:
                 why += f"; completions lag on {_ranks(group['lagging_ranks'], 6)}"
             if group.get("mismatch"):
                 why += "; differs in " + ", ".join(group["mismatch"])
+            if group.get("blocked_earlier_ranks"):
+                why += f"; {_ranks(group['blocked_earlier_ranks'], 6)} still in an earlier op"
             table.add_row(
                 _group_name(group),
                 str(group.get("op") or "-"),
@@ -64,6 +66,7 @@ def render_text(report: dict[str, Any], console: Console) -> None:
         console.print(table)
 
     evidence = report.get("evidence", {})
+    names = {g["group_id"]: g["group_desc"] for g in groups if g.get("group_desc")}
     shown = roots[:16]
     if shown:
         table = Table(title="Root-cause ranks: what each was doing last", title_justify="left")
@@ -82,21 +85,23 @@ def render_text(report: dict[str, Any], console: Console) -> None:
                 str(rank),
                 item.get("status", "-"),
                 last_text,
-                ", ".join(item.get("missing_from", [])) or "-",
-                ", ".join(item.get("completions_lag_in", [])) or "-",
+                ", ".join(names.get(g, g) for g in item.get("missing_from", [])) or "-",
+                ", ".join(names.get(g, g) for g in item.get("completions_lag_in", [])) or "-",
             )
         console.print(table)
 
     failures = report.get("failures", {})
     for key, label in (
         ("no_evidence_ranks", "Ranks with no evidence at all"),
-        ("stopped_reporting_ranks", "Ranks that stopped reporting early"),
+        ("stopped_reporting_ranks", "Ranks that stopped reporting early (crashed, killed or stuck outside NCCL)"),
         ("stalled_completion_ranks", "Ranks that did not complete operations their peers completed"),
     ):
         if failures.get(key):
             console.print(f"{label}: {_ranks(failures[key], 32)}", highlight=False)
     if failures.get("abandoned_ops"):
-        console.print(f"Abandoned operations per rank: {failures['abandoned_ops']}", highlight=False)
+        per_rank = sorted(failures["abandoned_ops"].items(), key=lambda item: int(item[0]))
+        text = ", ".join(f"rank {rank}: {count}" for rank, count in per_rank[:32])
+        console.print(f"Operations abandoned at abort/finalize: {text}", highlight=False)
     for item in report.get("mismatches", [])[:5]:
         console.print(
             f"Mismatch in {item['group_desc'] or item['group_id']} seq {item['seq']}: {item['fields']}", highlight=False
@@ -105,14 +110,36 @@ def render_text(report: dict[str, Any], console: Console) -> None:
     chain = report.get("chain", [])
     if chain:
         console.print("[bold]Dependency chain[/bold] (who waits on whom, from where progress stopped):")
-        for link in chain[:40]:
+        paths = [" -> ".join(map(str, path)) for path in report.get("wait_paths", [])[:8] if len(path) > 1]
+        if paths:
+            console.print("  Wait paths (each rank waits on the next): " + "; ".join(paths), highlight=False)
+        for link in _tree_order(chain[:40]):
             indent = "  " * (link["depth"] + 1)
+            who = f"rank {link['rank']}"
+            if link.get("waits_on") is not None:
+                who += f" (waits on {link['waits_on']})"
             if not link["blocks"]:
-                console.print(f"{indent}rank {link['rank']}", highlight=False)
+                console.print(f"{indent}{who}", highlight=False)
                 continue
             for block in link["blocks"][:6]:
                 console.print(
-                    f"{indent}rank {link['rank']} blocks {block['group_desc'] or block['group_id']} "
+                    f"{indent}{who} blocks {block['group_desc'] or block['group_id']} "
                     f"{block['op']} seq {block['seq']}: waiting {_ranks(block['waiting_ranks'], 8)}",
                     highlight=False,
                 )
+
+
+def _tree_order(chain: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chain (breadth first in the report) depth first, so each rank is printed under the one it waits on."""
+    children: dict[int | None, list[dict[str, Any]]] = {}
+    ranks = {link["rank"] for link in chain}
+    for link in chain:
+        parent = link.get("waits_on")
+        children.setdefault(parent if parent in ranks else None, []).append(link)
+    ordered: list[dict[str, Any]] = []
+    stack = list(reversed(children.get(None, [])))
+    while stack:
+        link = stack.pop()
+        ordered.append(link)
+        stack.extend(reversed(children.get(link["rank"], [])))
+    return ordered

@@ -15,15 +15,18 @@ last-completed watermark, because dumps usually hold only operations that had no
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import math
 import pickle
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import lru_cache
+from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import polars as pl
@@ -33,7 +36,7 @@ import pyarrow.compute as pc
 from comminsight.evidence import PROGRESS_OP
 from comminsight.importers import EvidenceError, Importer, register
 from comminsight.importers.columns import concat, to_table
-from comminsight.importers.normalise import ITEMSIZE, dtype_name, map_distinct, ops, shape_text, trailing_int
+from comminsight.importers.normalise import ITEMSIZE, dtype_name, dtypes, map_distinct, ops, shape_text, trailing_int
 
 NAME = "flight_recorder"
 MAX_FILE_BYTES = 512 * 1024 * 1024
@@ -104,6 +107,20 @@ def detect(path: Path) -> bool:
                 if checked >= 64:
                     break
     return False
+
+
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """Cyclic GC paused while dumps are decoded and mapped: the millions of new containers (which hold no
+    cycles) would otherwise trigger repeated collections over everything already loaded, costing more
+    than the decoding itself. They are freed by reference counting when the load returns."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _read(path: Path) -> dict:
@@ -198,21 +215,47 @@ def _shape_and_count(sizes: Any, path: Path, index: int) -> tuple[str | None, in
     return shape_text(sizes), count
 
 
-def _int_column(values: list, key: Callable[[int], str], path: Path) -> pa.Array:
+class _Dump(NamedTuple):
+    """One file's parsed dump with what is known about it before its entries are mapped."""
+
+    path: Path
+    dump: dict
+    groups: dict[str, dict]
+    rank: int
+    entries: list
+
+
+class _Locate:
+    """Entry number in the concatenation of all files -> "<file>: entry <number in that file>" (for errors)."""
+
+    def __init__(self, dumps: list[_Dump]) -> None:
+        self.paths = [d.path for d in dumps]
+        self.starts = np.cumsum([0, *(len(d.entries) for d in dumps)])
+
+    def __call__(self, index: int) -> tuple[Path, int]:
+        file = int(np.searchsorted(self.starts, index, side="right") - 1)
+        return self.paths[file], index - int(self.starts[file])
+
+    def where(self, index: int) -> str:
+        path, local = self(index)
+        return f"{path}: entry {local}"
+
+
+def _int_column(values: list, key: Callable[[int], str], locate: _Locate) -> pa.Array:
     """An int64 column of integers or None; the first other value is reported with its entry index."""
     try:
         array = pa.array(values, pa.int64())
-        if all(type(v) is int or v is None for v in values):
+        if set(map(type, values)) <= _INT_OR_NONE:
             return array
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
         pass
     for index, value in enumerate(values):
         if not (value is None or type(value) is int) or (value is not None and not -(1 << 63) <= value < 1 << 63):
-            raise EvidenceError(f"{path}: entry {index} {key(index)} must be an integer, found {value!r:.60}")
-    raise EvidenceError(f"{path}: {key(0)} must be integers")
+            raise EvidenceError(f"{locate.where(index)} {key(index)} must be an integer, found {value!r:.60}")
+    raise EvidenceError(f"{locate.paths[0]}: {key(0)} must be integers")
 
 
-def _shapes(sizes: list, path: Path) -> tuple[pa.Array, pa.Array]:
+def _shapes(sizes: list, locate: _Locate) -> tuple[pa.Array, pa.Array]:
     """(shape text, element count) columns from the entries' ``input_sizes``, checked and computed vectorised.
 
     Anything off the plain path (a bound exceeded, a non-integer or negative dimension) is handed to
@@ -221,8 +264,8 @@ def _shapes(sizes: list, path: Path) -> tuple[pa.Array, pa.Array]:
 
     def explain() -> None:
         for index, value in enumerate(sizes):
-            _shape_and_count(value, path, index)
-        raise EvidenceError(f"{path}: input_sizes must be lists of tensor shapes")
+            _shape_and_count(value, *locate(index))
+        raise EvidenceError(f"{locate.paths[0]}: input_sizes must be lists of tensor shapes")
 
     try:
         outer = pa.array(sizes)
@@ -256,7 +299,7 @@ def _shapes(sizes: list, path: Path) -> tuple[pa.Array, pa.Array]:
     matrix[row, np.arange(len(values)) - starts] = values
     # The same product in floating point tells an overflow apart (math.prod would give a huge int).
     if len(values) and matrix.astype(np.float64).prod(axis=1).sum() >= 2**62:
-        raise EvidenceError(f"{path}: input_sizes describe a tensor with too many elements")
+        raise EvidenceError(f"{locate.paths[0]}: input_sizes describe tensors with too many elements")
     per_tensor = np.concatenate(([0], np.cumsum(matrix.prod(axis=1))))
     bounds = np.concatenate(([0], np.cumsum(tensor_counts)))
     count = pa.array(
@@ -278,18 +321,42 @@ def _dtype_info(names: tuple) -> tuple[str | None, int] | None:
     return (",".join(distinct) if distinct else None), (ITEMSIZE.get(distinct[0], 0) if len(distinct) == 1 else 0)
 
 
-def _dtypes(dtype_lists: list, path: Path) -> tuple[pa.Array, np.ndarray]:
-    """(dtype column, item sizes), each distinct dtype list normalised once."""
-    info = []
-    for index, names in enumerate(dtype_lists):
+def _dtypes(dtype_lists: list, locate: _Locate) -> tuple[pa.Array, np.ndarray]:
+    """(dtype column, item sizes): each distinct source name normalised once, then per entry the sorted
+    distinct names joined by ',' and an item size when there is exactly one."""
+
+    def explain() -> None:
+        for index, names in enumerate(dtype_lists):
+            try:
+                found = _dtype_info(tuple(names)) if isinstance(names, list | tuple) else None
+            except TypeError:  # an unhashable element: not a name
+                found = None
+            if found is None:
+                raise EvidenceError(f"{locate.where(index)}: input_dtypes must be a list of names")
+        raise EvidenceError(f"{locate.paths[0]}: input_dtypes must be lists of names")
+
+    lists = None
+    if set(map(type, dtype_lists)) <= {list, tuple}:
         try:
-            found = _dtype_info(tuple(names)) if isinstance(names, list | tuple) else None
-        except TypeError:  # an unhashable element: not a name
-            found = None
-        if found is None:
-            raise EvidenceError(f"{path}: entry {index}: input_dtypes must be a list of names")
-        info.append(found)
-    return pa.array([i[0] for i in info], pa.string()), np.array([i[1] for i in info], np.int64)
+            lists = pa.array(dtype_lists)  # inferred: anything but text gives another type
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+            lists = None
+    if lists is None or not (pa.types.is_null(lists.type.value_type) or pa.types.is_string(lists.type.value_type)):
+        explain()
+    assert lists is not None
+    if lists.flatten().null_count:
+        explain()
+    names = pa.ListArray.from_arrays(lists.offsets, dtypes(lists.flatten().cast(pa.string())))
+    distinct = pl.Series(names).list.drop_nulls().list.unique().list.sort()
+    joined = distinct.list.join(",").to_arrow()
+    joined = pc.if_else(pc.equal(joined, ""), pa.scalar(None, pa.string()), joined)
+    single = pc.equal(distinct.list.len().to_arrow(), 1)
+    itemsize = map_distinct(pc.if_else(single, joined, pa.scalar(None, pa.string())), _itemsize, pa.int64())
+    return joined, itemsize.to_numpy(zero_copy_only=False)
+
+
+def _itemsize(dtype: str | None) -> int:
+    return ITEMSIZE.get(dtype or "", 0)
 
 
 @lru_cache(maxsize=4096)
@@ -299,42 +366,83 @@ def _local_peer(profiling_name: str | None) -> int | None:
     return int(match.group(4)) if match and len(match.group(4)) < 10 else None
 
 
-def _fail_at(flags: list[bool], message: str, path: Path, values: list) -> None:
+def _comm_info(
+    groups: dict[str, dict], name: str, rank: int
+) -> tuple[str | None, list[int] | None, int | None, int | None]:
+    group = groups.get(name, {})
+    ranks = group.get("ranks")
+    position = ranks.index(rank) if ranks is not None and rank in ranks else None
+    return group.get("desc"), ranks, len(ranks) if ranks is not None else None, position
+
+
+def _fail_at(flags: list[bool], message: str, locate: _Locate, values: list) -> None:
     if any(flags):
         index = flags.index(True)
-        raise EvidenceError(f"{path}: entry {index}{message.format(value=values[index])}")
+        raise EvidenceError(f"{locate.where(index)}{message.format(value=values[index])}")
 
 
-def _load_one(path: Path, dump: dict) -> tuple[int, pa.Table]:
-    groups = _groups(dump, path)
-    rank = _rank_of(dump, path, groups)
-    entries = dump.get("entries", []) or []
+# The entry fields the table is made of, and the value of each when an entry lacks it.
+_FIELDS = {
+    "process_group": None,
+    "profiling_name": None,
+    "is_p2p": False,
+    "collective_seq_id": None,
+    "p2p_seq_id": None,
+    "state": "scheduled",
+    "input_sizes": None,
+    "input_dtypes": None,
+    "record_id": None,
+    "time_created_ns": None,
+    "time_discovered_started_ns": None,
+    "time_discovered_completed_ns": None,
+}
+_INT_OR_NONE = {int, type(None)}
+
+
+def _fields(entries: list[dict]) -> dict[str, list]:
+    """One list per field of ``_FIELDS`` across ``entries`` (dicts)."""
+    if not entries:
+        return {key: [] for key in _FIELDS}
+    try:
+        # Entries normally carry every field: one C-level pass picks them all, then a transpose.
+        rows = map(itemgetter(*_FIELDS), entries)
+        return dict(zip(_FIELDS, map(list, zip(*rows, strict=True)), strict=True))
+    except KeyError:
+        return {key: [e.get(key, default) for e in entries] for key, default in _FIELDS.items()}
+
+
+def _entries_table(dumps: list[_Dump], locate: _Locate) -> pa.Table:
+    """One row per entry of every dump, each source field gathered into one list and mapped as a column."""
+    entries = [e for d in dumps for e in d.entries]
     n = len(entries)
-    _fail_at([not isinstance(e, dict) for e in entries], " is not a dict", path, entries)
-
-    # One list per source field, then checks and mappings on whole columns.
-    process_group = [e.get("process_group") for e in entries]
-    _fail_at([not (isinstance(g, list | tuple) and g) for g in process_group], " has no process_group", path, entries)
+    file = np.repeat(np.arange(len(dumps)), [len(d.entries) for d in dumps])
+    _fail_at([not isinstance(e, dict) for e in entries], " is not a dict", locate, entries)
+    fields = _fields(entries)
+    process_group = fields["process_group"]
+    _fail_at([not (isinstance(g, list | tuple) and g) for g in process_group], " has no process_group", locate, entries)
     names = [g[0] if type(g[0]) is str else str(g[0]) for g in process_group]
     descs = [str(g[1]) if len(g) > 1 and g[1] is not None else None for g in process_group]
-    profiling = [e.get("profiling_name") for e in entries]
-    _fail_at([p is not None and type(p) is not str for p in profiling], ": profiling_name must be text", path, entries)
+    profiling = fields["profiling_name"]
+    _fail_at(
+        [p is not None and type(p) is not str for p in profiling], ": profiling_name must be text", locate, entries
+    )
     profiling_arr = pa.array(profiling, pa.string())
     op = ops(profiling_arr)
     send_recv = pc.is_in(op, pa.array(["send", "recv"])).to_numpy(zero_copy_only=False)
-    is_p2p = np.array([bool(e.get("is_p2p", False)) for e in entries], bool) | send_recv
+    is_p2p = np.array(list(map(bool, fields["is_p2p"])), bool) | send_recv
     p2p_list = is_p2p.tolist()
-    seq_values = [
-        e.get("p2p_seq_id") if p2p else e.get("collective_seq_id") for e, p2p in zip(entries, p2p_list, strict=True)
-    ]
-    seq = _int_column(seq_values, lambda i: "p2p_seq_id" if p2p_list[i] else "collective_seq_id", path)
-    states = [e.get("state", "scheduled") for e in entries]
-    _fail_at([type(s) is not str or s not in _STATES for s in states], " has unknown state {value!r:.40}", path, states)
-    shape, count = _shapes([e.get("input_sizes") for e in entries], path)
-    dtype, itemsize = _dtypes([e.get("input_dtypes") or [] for e in entries], path)
-    record_id = _int_column([e.get("record_id") for e in entries], lambda i: "record_id", path)
+    pairs = zip(fields["collective_seq_id"], fields["p2p_seq_id"], p2p_list, strict=True)
+    seq_values = [p2p_seq if p2p else seq for seq, p2p_seq, p2p in pairs]
+    seq = _int_column(seq_values, lambda i: "p2p_seq_id" if p2p_list[i] else "collective_seq_id", locate)
+    states = fields["state"]
+    _fail_at(
+        [type(s) is not str or s not in _STATES for s in states], " has unknown state {value!r:.40}", locate, states
+    )
+    shape, count = _shapes(fields["input_sizes"], locate)
+    dtype, itemsize = _dtypes([d or [] for d in fields["input_dtypes"]], locate)
+    record_id = _int_column(fields["record_id"], lambda i: "record_id", locate)
     times = {
-        column: _int_column([e.get(key) for e in entries], lambda i, key=key: key, path)
+        column: _int_column(fields[key], lambda i, key=key: key, locate)
         for column, key in (
             ("enqueue_ns", "time_created_ns"),
             ("start_ns", "time_discovered_started_ns"),
@@ -344,34 +452,39 @@ def _load_one(path: Path, dump: dict) -> tuple[int, pa.Table]:
     try:
         bytes_ = pc.multiply_checked(count, pa.array(itemsize))
     except pa.ArrowInvalid as exc:
-        raise EvidenceError(f"{path}: an entry's byte size is out of range") from exc
+        raise EvidenceError(f"{locate.paths[0]}: an entry's byte size is out of range") from exc
     bytes_ = pc.if_else(pa.array(itemsize == 0), pa.scalar(None, pa.int64()), bytes_)
 
-    # Per group, once: description, members, size and this rank's place among them; spread by group code.
+    # Per (file, group), once: description, members, size and the rank's place among them; spread by code.
     names_arr = pa.array(names, pa.string())
-    encoded = pc.dictionary_encode(names_arr) if n else None
-    distinct = encoded.dictionary.to_pylist() if n else []
-    info = [_comm_info(groups, name, rank) for name in distinct]
+    name_code = pc.dictionary_encode(names_arr).indices.to_numpy() if n else np.zeros(0, np.int64)
+    distinct_names = pc.unique(names_arr).to_pylist() if n else []
+    pairs, code = np.unique(file * max(len(distinct_names), 1) + name_code, return_inverse=True)
+    info = []
+    for pair in pairs.tolist():
+        d = dumps[pair // max(len(distinct_names), 1)]
+        info.append(_comm_info(d.groups, distinct_names[pair % max(len(distinct_names), 1)], d.rank))
+    take = pa.array(code.astype(np.int64))
 
     def spread(values: list, type_: pa.DataType) -> pa.Array:
-        return pa.array(values, type_).take(encoded.indices) if n else pa.array([], type_)
+        return pa.array(values, type_).take(take) if n else pa.array([], type_)
 
     # P2P peers: the "a->b" in the name is a group rank; the group's member list makes it global.
-    local_peer = map_distinct(profiling_arr, _local_peer, pa.int64()).to_numpy(zero_copy_only=False)
-    peer = np.full(n, np.nan)
-    code = encoded.indices.to_numpy() if n else np.zeros(0, np.int32)
-    for group_code, (_desc, ranks, _size, _position) in enumerate(info):
-        rows = is_p2p & (code == group_code) & ~np.isnan(local_peer)
-        if rows.any():
-            local = local_peer[rows].astype(np.int64)
-            if ranks is not None:
-                members = np.asarray(ranks, np.int64)
-                local = np.where(local < len(members), members[np.clip(local, 0, max(len(members) - 1, 0))], local)
-            peer[rows] = local
+    local = map_distinct(profiling_arr, _local_peer, pa.int64()).to_numpy(zero_copy_only=False).astype(np.float64)
+    local = np.where(is_p2p, local, np.nan)
+    member_lists = [i[1] if i[1] is not None else [] for i in info]
+    sizes = np.array([len(m) if i[1] is not None else -1 for m, i in zip(member_lists, info, strict=True)], np.int64)
+    offsets = np.concatenate(([0], np.cumsum([len(m) for m in member_lists]))).astype(np.int64)
+    members = np.array([r for m in member_lists for r in m] or [0], np.int64)
+    known = ~np.isnan(local)
+    local_int = np.nan_to_num(local).astype(np.int64)
+    mapped = (local_int < sizes[code]) if n else np.zeros(0, bool)
+    index = np.where(mapped, offsets[code] + local_int, 0) if n else np.zeros(0, np.int64)
+    peer = np.where(mapped, members[np.clip(index, 0, len(members) - 1)], local_int)
 
-    table = to_table(
+    return to_table(
         {
-            "rank": np.full(n, rank, np.int64),
+            "rank": np.array([d.rank for d in dumps], np.int64)[file],
             "comm_id": names_arr,
             "comm_name": names_arr,
             "comm_desc": pc.coalesce(spread([i[0] or None for i in info], pa.string()), pa.array(descs, pa.string())),
@@ -386,107 +499,94 @@ def _load_one(path: Path, dump: dict) -> tuple[int, pa.Table]:
             "bytes": bytes_,
             "dtype": dtype,
             "shape": shape,
-            "peer": pa.array(np.nan_to_num(peer).astype(np.int64), mask=np.isnan(peer)),
+            "peer": pa.array(peer, mask=~known),
             "state": map_distinct(pa.array(states, pa.string()), _STATES.get),
             **times,
             "record_id": record_id,
             "source": pa.repeat(pa.scalar(NAME), n),
         },
-        path,
+        locate.paths[0].parent if len(dumps) > 1 else locate.paths[0],
     )
-    return rank, concat([table, _progress(path, dump, groups, rank, entries, names, p2p_list, seq, record_id)])
 
 
-def _comm_info(
-    groups: dict[str, dict], name: str, rank: int
-) -> tuple[str | None, list[int] | None, int | None, int | None]:
-    group = groups.get(name, {})
-    ranks = group.get("ranks")
-    position = ranks.index(rank) if ranks is not None and rank in ranks else None
-    return group.get("desc"), ranks, len(ranks) if ranks is not None else None, position
-
-
-def _progress(
-    path: Path,
-    dump: dict,
-    groups: dict[str, dict],
-    rank: int,
-    entries: list,
-    names: list[str],
-    p2p: list[bool],
-    seq: pa.Array,
-    record_id: pa.Array,
-) -> pa.Table:
-    """The progress rows of one dump: pg_status watermarks, and membership of groups without entries."""
-    # pg_status is keyed by the process group's local id; we can only place it for groups whose id
-    # appears in the entries (the first name seen with that id).
-    pg_names = {
-        pg_id: name
-        for pg_id, name in zip(reversed([e.get("pg_id") for e in entries]), reversed(names), strict=True)
-        if type(pg_id) is int
-    }
+def _progress(dumps: list[_Dump], entries: pa.Table) -> tuple[pa.Table, np.ndarray]:
+    """The progress rows of every dump (pg_status watermarks, membership of groups without entries),
+    and the file each row belongs to."""
+    file = np.repeat(np.arange(len(dumps)), [len(d.entries) for d in dumps])
     frame = pl.DataFrame(
         {
-            "name": pl.Series(names, dtype=pl.String),
-            "p2p": pl.Series(p2p, dtype=pl.Boolean),
-            "seq": pl.from_arrow(seq),
-            "order": pl.from_arrow(pc.coalesce(record_id, pa.array(np.arange(len(names), dtype=np.int64)))),
+            "file": file,
+            "name": pl.from_arrow(entries.column("comm_id")),
+            "p2p": pl.from_arrow(entries.column("is_p2p")),
+            "seq": pl.from_arrow(entries.column("seq")),
+            "order": pl.from_arrow(
+                pc.coalesce(
+                    entries.column("record_id"),
+                    pa.array(np.arange(len(file)) - np.cumsum([0, *(len(d.entries) for d in dumps)])[file]),
+                )
+            ),
         }
     ).with_row_index("row")
     frame = frame.filter(pl.col("seq").is_not_null())
     # A group's latest entry (by record id, later rows winning ties) says which sequence pg_status counts.
-    last = frame.sort("order", "row").group_by("name").agg(pl.col("p2p").last())
-    last_kind = dict(zip(last["name"].to_list(), last["p2p"].to_list(), strict=True))
-    bounds = frame.group_by("name", "p2p").agg(pl.col("seq").min().alias("lo"), pl.col("seq").max().alias("hi"))
-    seq_bounds = {(r[0], r[1]): (r[2], r[3]) for r in bounds.iter_rows()}
+    last = frame.sort("order", "row").group_by("file", "name").agg(pl.col("p2p").last())
+    last_kind = {(f, name): p2p for f, name, p2p in last.iter_rows()}
+    bounds = frame.group_by("file", "name", "p2p").agg(pl.col("seq").min().alias("lo"), pl.col("seq").max().alias("hi"))
+    seq_bounds = {(f, name, p2p): (lo, hi) for f, name, p2p, lo, hi in bounds.iter_rows()}
+    rows: dict[str, list] = {k: [] for k in ("file", "rank", "comm_id", "is_p2p", "seq", "seq_kind", "comm_desc")}
+    rows.update({k: [] for k in ("comm_ranks", "comm_size", "comm_rank")})
+    start = 0
+    for f, d in enumerate(dumps):
+        names = entries.column("comm_id").slice(start, len(d.entries)).to_pylist()
+        pg_ids = [e.get("pg_id") for e in d.entries]
+        start += len(d.entries)
+        # pg_status is keyed by the group's local id: placed on the first group seen with that id in the entries.
+        pg_names = {
+            pg_id: name for pg_id, name in zip(reversed(pg_ids), reversed(names), strict=True) if type(pg_id) is int
+        }
 
-    rows: dict[str, list] = {k: [] for k in ("comm_id", "is_p2p", "seq", "seq_kind")}
-    status = dump.get("pg_status", {}) or {}
-    if not isinstance(status, dict):
-        raise EvidenceError(f"{path}: 'pg_status' must be a dict")
-    for key, watermark in status.items():
-        try:
-            name = pg_names.get(int(key))
-        except (TypeError, ValueError):
-            name = None
-        if name is None or not isinstance(watermark, dict) or name not in last_kind:
-            continue
-        kind_p2p = last_kind[name]
-        lo, hi = seq_bounds.get((name, kind_p2p), (None, None))
-        enqueued = watermark.get("last_enqueued_collective")
-        completed = watermark.get("last_completed_collective")
-        if type(enqueued) is not int or type(completed) is not int or hi is None:
-            continue
-        # pg_status counts whichever sequence the group last used: trust it only when it agrees with those entries.
-        if enqueued != hi or not (lo - 1 <= completed <= enqueued) or completed < 0:
-            continue
-        rows["comm_id"].append(name)
-        rows["is_p2p"].append(kind_p2p)
-        rows["seq"].append(completed)
-        rows["seq_kind"].append("p2p" if kind_p2p else "comm")
-    # A group this rank belongs to but has nothing recorded for: a progress row without a sequence,
-    # so the rank counts as present (it dumped) and its membership is known.
-    for name in groups:
-        if name not in last_kind:
-            rows["comm_id"].append(name)
-            rows["is_p2p"].append(False)
-            rows["seq"].append(None)
-            rows["seq_kind"].append(None)
-    info = [_comm_info(groups, name, rank) for name in rows["comm_id"]]
-    m = len(rows["comm_id"])
+        def add(name: str, p2p: bool, seq: int | None, kind: str | None, f: int = f, d: _Dump = d) -> None:
+            desc, ranks, size, position = _comm_info(d.groups, name, d.rank)
+            for column, value in zip(
+                rows, (f, d.rank, name, p2p, seq, kind, desc or None, ranks, size, position), strict=True
+            ):
+                rows[column].append(value)
+
+        status = d.dump.get("pg_status", {}) or {}
+        if not isinstance(status, dict):
+            raise EvidenceError(f"{d.path}: 'pg_status' must be a dict")
+        for key, watermark in status.items():
+            try:
+                name = pg_names.get(int(key))
+            except (TypeError, ValueError):
+                name = None
+            if name is None or not isinstance(watermark, dict) or (f, name) not in last_kind:
+                continue
+            p2p = last_kind[(f, name)]
+            lo, hi = seq_bounds.get((f, name, p2p), (None, None))
+            enqueued = watermark.get("last_enqueued_collective")
+            completed = watermark.get("last_completed_collective")
+            if type(enqueued) is not int or type(completed) is not int or hi is None:
+                continue
+            # pg_status counts whichever sequence the group last used: trusted only when it agrees with those entries.
+            if enqueued != hi or not (lo - 1 <= completed <= enqueued) or completed < 0:
+                continue
+            add(name, p2p, completed, "p2p" if p2p else "comm")
+        # A group this rank belongs to but has nothing recorded for: a progress row without a sequence,
+        # so the rank counts as present (it dumped) and its membership is known.
+        for name in d.groups:
+            if (f, name) not in last_kind:
+                add(name, False, None, None)
+    m = len(rows["rank"])
+    owner = np.array(rows.pop("file"), np.int64)
     columns = {
-        "rank": [rank] * m,
         **rows,
         "comm_name": rows["comm_id"],
-        "comm_desc": [i[0] or None for i in info],
-        "comm_ranks": [i[1] for i in info],
-        "comm_size": [i[2] for i in info],
-        "comm_rank": [i[3] for i in info],
         "op": [PROGRESS_OP] * m,
         "state": ["completed"] * m,
         "source": [NAME] * m,
     }
-    return to_table(columns, path)
+    return to_table(columns, dumps[0].path), owner
 
 
 def load(path: Path) -> pa.Table:
@@ -497,16 +597,28 @@ def load(path: Path) -> pa.Table:
     files = _dump_files(path)
     if not files:
         raise EvidenceError(f"{path}: no Flight Recorder dump found")
+    with _no_gc():
+        return _load_files(files)
+
+
+def _load_files(files: list[Path]) -> pa.Table:
     # Every file is read and checked before anything is returned: a bad file fails the whole load.
-    tables: list[pa.Table] = []
+    dumps: list[_Dump] = []
     seen: dict[int, Path] = {}
     for file in files:
-        rank, table = _load_one(file, _read(file))
+        dump = _read(file)
+        groups = _groups(dump, file)
+        rank = _rank_of(dump, file, groups)
         if rank in seen:
             raise EvidenceError(f"{file}: rank {rank} already read from {seen[rank].name}")
         seen[rank] = file
-        tables.append(table)
-    return concat(tables)
+        dumps.append(_Dump(file, dump, groups, rank, dump.get("entries", []) or []))
+    # The entries of all files are mapped together, so the cost per file is only its unpickling.
+    entries = _entries_table(dumps, _Locate(dumps))
+    progress, owner = _progress(dumps, entries)
+    # Rows in file order, each file's progress rows after its entries (as a per-file reader would give them).
+    file = np.concatenate((np.repeat(np.arange(len(dumps)), [len(d.entries) for d in dumps]), owner))
+    return concat([entries, progress]).take(pa.array(np.argsort(file, kind="stable")))
 
 
 register(Importer(NAME, detect, load))

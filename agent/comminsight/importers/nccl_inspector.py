@@ -39,9 +39,12 @@ _PAYLOADS = ("coll_perf", "p2p_perf")
 _I64, _STR = pa.int64(), pa.string()
 # One row per operation, as both readers produce it.
 _ROWS = pa.schema(
-    [("host", _STR), ("pid", _I64), ("comm_id", _STR), ("comm_name", _STR), ("comm_size", _I64), ("comm_rank", _I64)]
-    + [("op", _STR), ("is_p2p", pa.bool_()), ("seq", _I64), ("seq_kind", _STR), ("bytes", _I64), ("peer", _I64)]
-    + [("enqueue_ns", _I64), ("start_ns", _I64), ("end_ns", _I64), ("algo", _STR), ("proto", _STR)]
+    [
+        *[("host", _STR), ("pid", _I64), ("comm_id", _STR), ("comm_name", _STR), ("comm_size", _I64)],
+        *[("comm_rank", _I64), ("op", _STR), ("is_p2p", pa.bool_()), ("seq", _I64), ("seq_kind", _STR)],
+        *[("bytes", _I64), ("peer", _I64), ("enqueue_ns", _I64), ("start_ns", _I64), ("end_ns", _I64)],
+        *[("algo", _STR), ("proto", _STR)],
+    ]
 )
 _KERNEL_EVENTS = pa.list_(pa.struct([("kernel_start_ts", _I64), ("kernel_stop_ts", _I64)]))
 
@@ -177,8 +180,9 @@ def _longest_line(data: bytes) -> int:
     return int(np.diff(bounds).max()) if len(data) else 0
 
 
-def _first_nonnegative(*arrays: pa.Array) -> bool:
-    return all(pc.min(a).as_py() is None or pc.min(a).as_py() >= 0 for a in arrays)
+def _all_nonnegative(*arrays: pa.Array) -> bool:
+    minima = [pc.min(a).as_py() for a in arrays]
+    return all(m is None or m >= 0 for m in minima)
 
 
 def _read_columnar(data: bytes) -> pa.Table | None:
@@ -196,12 +200,11 @@ def _read_columnar(data: bytes) -> pa.Table | None:
         table = pa_json.read_json(io.BytesIO(data), read_options=_READ_OPTIONS, parse_options=_PARSE_OPTIONS)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return None
-    table = table.combine_chunks()
     n = table.num_rows
-    header, metadata = table.column("header").chunk(0) if n else None, table.column("metadata").chunk(0) if n else None
-    coll, p2p = (table.column(k).chunk(0) if n else None for k in _PAYLOADS)
     if n == 0:
         return _ROWS.empty_table()
+    table = table.combine_chunks()
+    header, metadata, coll, p2p = (table.column(k).chunk(0) for k in ("header", "metadata", *_PAYLOADS))
     has_header = header.is_valid().to_numpy(zero_copy_only=False)
     if np.any(has_header & ~metadata.is_valid().to_numpy(zero_copy_only=False)):
         return None
@@ -215,7 +218,7 @@ def _read_columnar(data: bytes) -> pa.Table | None:
     is_coll = pa.array(is_coll_line[rows])
     c, p = coll.take(pa.array(rows)), p2p.take(pa.array(rows))
 
-    def either(coll_field: str, p2p_field: str) -> pa.Array:
+    def either(coll_field: str | list[str], p2p_field: str | list[str]) -> pa.Array:
         return pc.if_else(is_coll, pc.struct_field(c, coll_field), pc.struct_field(p, p2p_field))
 
     func = either("coll", "p2p")
@@ -225,14 +228,14 @@ def _read_columnar(data: bytes) -> pa.Table | None:
     peer = pc.if_else(is_coll, pa.scalar(None, pa.int64()), pc.struct_field(p, "p2p_peer"))
     if func.null_count or comm.null_count or pc.any(pc.equal(comm, "")).as_py():
         return None
-    if not _first_nonnegative(pid, comm_rank, n_ranks, seq, size, peer):
+    if not _all_nonnegative(pid, comm_rank, n_ranks, seq, size, peer):
         return None
     enqueue = pc.if_else(
         is_coll,
         pc.struct_field(c, ["event_trace_ts", "coll_start_ts"]),
         pc.struct_field(p, ["event_trace_ts", "p2p_start_ts"]),
     )
-    kernels = pl.from_arrow(either_kernels(c, p, is_coll))
+    kernels = pl.from_arrow(either(["event_trace_ts", "kernel_events"], ["event_trace_ts", "kernel_events"]))
     assert isinstance(kernels, pl.Series)
     starts = kernels.list.eval(pl.element().struct.field("kernel_start_ts")).list.min().to_arrow()
     stops = kernels.list.eval(pl.element().struct.field("kernel_stop_ts")).list.max().to_arrow()
@@ -267,14 +270,6 @@ def _read_columnar(data: bytes) -> pa.Table | None:
         "proto": known(either("coll_proto", "p2p_proto")),
     }
     return pa.table([columns[f.name].cast(f.type) for f in _ROWS], schema=_ROWS)
-
-
-def either_kernels(c: pa.Array, p: pa.Array, is_coll: pa.Array) -> pa.Array:
-    return pc.if_else(
-        is_coll,
-        pc.struct_field(c, ["event_trace_ts", "kernel_events"]),
-        pc.struct_field(p, ["event_trace_ts", "kernel_events"]),
-    )
 
 
 def _read(path: Path) -> pa.Table:

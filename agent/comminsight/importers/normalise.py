@@ -128,6 +128,8 @@ def map_distinct(values: pa.Array | pa.ChunkedArray, fn, type_: pa.DataType = pa
     if indices.null_count:
         # Null inputs map as fn(None) does.
         null_value = fn(None)
+        if len(mapped) == 0:  # nothing but nulls
+            return pa.repeat(pa.scalar(null_value, type_), len(values))
         out = pc.take(mapped, pc.fill_null(indices, 0))
         return pc.if_else(pc.is_null(indices), pa.scalar(null_value, type_), out)
     return pc.take(mapped, indices)

@@ -1,25 +1,24 @@
 """This project's raw-log segments (``*.cilog``, ``*.cilog.sealed``) -> the operations table.
 
 A segment is a ``ci_log_header`` followed by 256-byte ``ci_op_record``s (layout:
-native/profiler/include/comminsight_ring.h, spec docs/formats/rawlog.md). Records are read
-with one ``np.frombuffer`` per segment; records whose magic or checksum fail (a torn tail
-after a crash) are dropped, never fatal. A path may be a segment, a directory of segments,
-or a COMMINSIGHT_HOME holding ``inspector_logs/``.
-
-The segment reader here is deliberately small (``read_segment``); it can give way to
-``comminsight.formats.rawlog`` once that module exists, without changing the mapping.
+native/profiler/include/comminsight_ring.h, spec docs/formats/rawlog.md). Segments are read
+by the profiler's own reader, ``comminsight.formats.rawlog`` (one ``np.frombuffer`` per segment,
+records as Arrow columns); records whose magic or checksum fail (a torn tail after a crash)
+are dropped, never fatal. The records of all segments are then mapped together, column by
+column. A path may be a segment, a directory of segments, or a COMMINSIGHT_HOME holding
+``inspector_logs/``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from comminsight.formats.header import constants, record_dtype, struct_dtype, valid_records
+from comminsight.formats import rawlog as rawlog_format
+from comminsight.formats.header import constants
 from comminsight.importers import EvidenceError, Importer, register
 from comminsight.importers.columns import to_table
 from comminsight.importers.normalise import dtypes, ops
@@ -63,59 +62,35 @@ def detect(path: Path) -> bool:
     return False
 
 
-def read_segment(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(header record, valid op records) of one segment; raises EvidenceError on a bad header."""
-    c = constants()
-    header_dtype = struct_dtype("ci_log_header")
-    size = path.stat().st_size
-    if size > MAX_SEGMENT_BYTES:
-        raise EvidenceError(f"{path}: {size} bytes is over the {MAX_SEGMENT_BYTES}-byte limit for a segment")
-    data = path.read_bytes()
-    if len(data) < c["CI_LOG_HEADER_SIZE"]:
-        raise EvidenceError(f"{path}: {len(data)} bytes is shorter than a segment header")
-    header = np.frombuffer(data, dtype=header_dtype, count=1)[0]
-    if int(header["magic"]) != c["CI_LOG_MAGIC"]:
-        raise EvidenceError(f"{path}: not a raw-log segment (bad magic)")
-    if int(header["version"]) != c["CI_FORMAT_VERSION"]:
-        raise EvidenceError(f"{path}: segment format version {int(header['version'])} is not supported")
-    header_size, record_size = int(header["header_size"]), int(header["record_size"])
-    if header_size != c["CI_LOG_HEADER_SIZE"] or record_size != c["CI_RECORD_SIZE"]:
-        raise EvidenceError(f"{path}: header declares sizes {header_size}/{record_size}, expected 512/256")
-    n = (len(data) - header_size) // record_size  # a torn last record is simply not counted
-    records = np.frombuffer(data, dtype=record_dtype(), count=n, offset=header_size)
-    return header, records[valid_records(records)]
-
-
-def _text(column: np.ndarray) -> pa.Array:
-    """Fixed-size char fields as strings (empty -> null), hashing in Arrow and decoding each distinct value once."""
-    encoded = pc.dictionary_encode(pa.array(column, pa.binary()))
-    decoded = [bytes(v).split(b"\0", 1)[0].decode("utf-8", "replace") or None for v in encoded.dictionary.to_pylist()]
-    return pa.array(decoded, pa.string()).take(encoded.indices)
+def _empty_to_null(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Unset char fields (empty text) as nulls."""
+    return pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)
 
 
 def _nonzero(column: np.ndarray) -> pa.Array:
-    values = column.astype(np.int64)
+    values = column.astype(np.int64, copy=False)
     return pa.array(values, mask=values == 0)
 
 
-def _header_text(header: Any, field: str) -> str | None:
-    return bytes(header[field]).split(b"\0", 1)[0].decode("utf-8", "replace") or None
+def _read(segment: Path) -> rawlog_format.Segment:
+    try:
+        return rawlog_format.read_segment(segment, max_bytes=MAX_SEGMENT_BYTES)
+    except rawlog_format.RawLogError as exc:
+        raise EvidenceError(f"bad segment (magic, version, sizes or length): {exc}") from exc
+    except OSError as exc:
+        raise EvidenceError(f"{segment}: cannot read segment: {exc}") from exc
 
 
 def _table(segments: list[Path], path: Path) -> pa.Table:
-    """All segments' valid records as one operations table (records concatenated, converted once)."""
+    """All segments' valid records as one operations table (records concatenated, mapped once as columns)."""
     c = constants()
-    parts, ranks, labels = [], [], []
-    for segment in segments:
-        header, records = read_segment(segment)
-        parts.append(records)
-        global_rank = int(header["global_rank"])
-        # RANK from the segment header; a process without RANK falls back on its communicator rank.
-        ranks.append(np.full(len(records), global_rank, np.int32) if global_rank >= 0 else records["rank"])
-        host = _header_text(header, "host")
-        labels.append((host, _header_text(header, "node_ip") or host, _header_text(header, "workload_id")))
-    counts = np.array([len(p) for p in parts], dtype=np.int64)
-    segment_of = pa.array(np.repeat(np.arange(len(parts), dtype=np.int32), counts))
+    read = [_read(segment) for segment in segments]
+    labels = []
+    for segment in read:
+        host = segment.header["host"] or None
+        labels.append((host, segment.header["node_ip"] or host, segment.header["workload_id"] or None))
+    counts = np.array([segment.table.num_rows for segment in read], dtype=np.int64)
+    segment_of = pa.array(np.repeat(np.arange(len(read), dtype=np.int32), counts))
 
     def per_segment(index: int) -> pa.Array:
         # A dictionary-encoded column: one string per segment, one int per record.
@@ -124,61 +99,71 @@ def _table(segments: list[Path], path: Path) -> pa.Table:
     def labelled(codes: np.ndarray, names: list[str]) -> pa.Array:
         return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pa.array(names, pa.string()))
 
-    rec = np.concatenate(parts) if parts else np.zeros(0, record_dtype())
-    n = len(rec)
-    is_p2p = rec["kind"] == c["CI_KIND_P2P"]
-    gpu_times = (rec["flags"] & c["CI_FLAG_GPU_TIMES"]) != 0
-    state_code = rec["state"]
-    started = gpu_times & (rec["gpu_start_ns"] > 0)
+    rec = pa.concat_tables([segment.table for segment in read]).combine_chunks()
+    n = rec.num_rows
+
+    def col(name: str) -> np.ndarray:
+        return rec.column(name).to_numpy()
+
+    # RANK from the segment header; a process without RANK falls back on its communicator rank.
+    header_rank = np.repeat(np.array([segment.header["global_rank"] for segment in read], np.int64), counts)
+    rank = np.where(header_rank >= 0, header_rank, col("rank")).astype(np.int32)
+    is_p2p = col("kind") == c["CI_KIND_P2P"]
+    gpu_times = (col("flags") & c["CI_FLAG_GPU_TIMES"]) != 0
+    state_code = col("state")
+    gpu_start = np.where(gpu_times, col("gpu_start_ns"), 0)
+    gpu_end = np.where(gpu_times, col("gpu_end_ns"), 0)
     state = labelled(
         np.select(
             [
                 state_code == c["CI_STATE_COMPLETED"],
                 state_code == c["CI_STATE_ABANDONED"],
-                (state_code == c["CI_STATE_TIMEOUT"]) & started,
+                (state_code == c["CI_STATE_TIMEOUT"]) & (gpu_start > 0),
             ],
             [0, 1, 2],
             default=3,
         ),
         ["completed", "abandoned", "started", "enqueued"],
     )
-    encoded = pc.dictionary_encode(pa.array(rec["comm_hash"]))
-    comm_id = pa.array([f"0x{int(h):016x}" for h in encoded.dictionary.to_pylist()], pa.string()).take(encoded.indices)
-    peer = rec["peer"].astype(np.int32)
-    gpu_start = np.where(gpu_times, rec["gpu_start_ns"], 0)
-    gpu_end = np.where(gpu_times, rec["gpu_end_ns"], 0)
-    end = np.where(gpu_end > 0, gpu_end, rec["complete_ns"])
-    device = rec["cuda_device"].astype(np.int32)
+    encoded = pc.dictionary_encode(rec.column("comm_hash")).combine_chunks() if n else None
+    comm_id = (
+        pa.array([f"0x{int(h):016x}" for h in encoded.dictionary.to_pylist()], pa.string()).take(encoded.indices)
+        if n
+        else pa.array([], pa.string())
+    )
+    peer = col("peer").astype(np.int32)
+    device = col("cuda_device").astype(np.int32)
+    end = np.where(gpu_end > 0, gpu_end, col("complete_ns"))
 
     columns = {
         "workload": per_segment(2),
         "node": per_segment(1),
         "host": per_segment(0),
-        "rank": np.concatenate(ranks).astype(np.int32) if ranks else np.zeros(0, np.int32),
-        "pid": rec["pid"].astype(np.int32),
+        "rank": rank,
+        "pid": col("pid").astype(np.int32),
         "device": pa.array(device, mask=device < 0),
         "comm_id": comm_id,
-        "comm_name": _text(rec["comm_name"]),
-        "comm_size": rec["nranks"].astype(np.int32),
-        "comm_rank": rec["rank"].astype(np.int32),
-        "op": ops(_text(rec["func"])),
+        "comm_name": _empty_to_null(rec.column("comm_name")),
+        "comm_size": col("nranks").astype(np.int32),
+        "comm_rank": col("rank").astype(np.int32),
+        "op": ops(rec.column("func")),
         "is_p2p": is_p2p,
-        "seq": rec["seq"].astype(np.int64),
+        "seq": col("seq").astype(np.int64),
         # NCCL numbers collectives per function per communicator; the plugin numbers P2P per (func, peer).
         "seq_kind": labelled(is_p2p, ["func", "p2p"]),
-        "count": rec["count"].astype(np.int64),
-        "bytes": rec["bytes"].astype(np.int64),
-        "dtype": dtypes(_text(rec["dtype"])),
+        "count": col("count").astype(np.int64),
+        "bytes": col("bytes").astype(np.int64),
+        "dtype": dtypes(_empty_to_null(rec.column("dtype"))),
         "peer": pa.array(peer, mask=peer < 0),
         "state": state,
-        "enqueue_ns": _nonzero(rec["enqueue_start_ns"]),
+        "enqueue_ns": _nonzero(col("enqueue_start_ns")),
         "start_ns": _nonzero(gpu_start),
         "end_ns": _nonzero(end),
-        "stream": _nonzero(rec["stream"]),
-        "algo": _text(rec["algo"]),
-        "proto": _text(rec["proto"]),
-        "n_channels": rec["n_channels"].astype(np.int32),
-        "record_id": rec["record_seq"].astype(np.int64),
+        "stream": _nonzero(col("stream")),
+        "algo": _empty_to_null(rec.column("algo")),
+        "proto": _empty_to_null(rec.column("proto")),
+        "n_channels": col("n_channels").astype(np.int32),
+        "record_id": col("record_seq").astype(np.int64),
         "source": labelled(np.zeros(n, np.int32), [NAME]),
     }
     return to_table(columns, path)

@@ -5,6 +5,7 @@ on ``COMMINSIGHT_SERVER_LISTEN`` (and ``COMMINSIGHT_SERVER_AGENT_LISTEN`` when s
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 
@@ -26,6 +27,8 @@ def daphne_endpoint(listen: str) -> str:
 
 
 logger = logging.getLogger(__name__)
+
+REQUEST_BUFFER_BYTES = 256 * 1024
 
 
 def embedded_periodic_tasks(stop: threading.Event) -> None:
@@ -82,4 +85,8 @@ class Command(BaseCommand):
 
         argv = [arg for endpoint in endpoints for arg in ("-e", endpoint)]
         application = settings.ASGI_APPLICATION.rpartition(".")
-        CommandLineInterface().run([*argv, f"{application[0]}:{application[2]}"])
+        cli = CommandLineInterface()
+        # Daphne hands a request body to the application in request_buffer_size pieces (8 KiB by default, not a
+        # command-line option): an 8 MiB upload chunk became 1024 queue messages on the one event loop.
+        cli.server_class = functools.partial(cli.server_class, request_buffer_size=REQUEST_BUFFER_BYTES)
+        cli.run([*argv, f"{application[0]}:{application[2]}"])

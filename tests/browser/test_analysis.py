@@ -1,0 +1,66 @@
+"""A signed-in user runs a hang analysis from the workload page and sees the verdict; "Open in Perfetto" hands
+the trace to (a stand-in for) ui.perfetto.dev through the PING/PONG postMessage handshake."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+# Stands in for ui.perfetto.dev: answers PING with PONG, then shows what it was handed in its title.
+FAKE_PERFETTO = """<!doctype html><title>waiting</title><script>
+window.addEventListener("message", (e) => {
+  if (e.data === "PING") { e.source.postMessage("PONG", e.origin); return; }
+  if (e.data && e.data.perfetto) {
+    const text = new TextDecoder().decode(e.data.perfetto.buffer);
+    document.title = "got " + e.data.perfetto.title + " " + JSON.parse(text).traceEvents.length;
+  }
+});
+</script>"""
+
+
+def sign_in(page, live_server, username: str) -> None:
+    from tests.conftest import PASSWORD
+
+    page.goto(live_server.url + "/accounts/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/workloads/")
+
+
+def test_running_a_hang_analysis_shows_the_verdict_and_the_trace_opens_in_perfetto(
+    live_server, page, personas, data_dir, celery_eager, artifacts
+):
+    from tests.site.analysis_tables import hung_table, write_store
+
+    write_store(data_dir, personas.workload.pk, hung_table(ranks=4, stuck_rank=2))
+    sign_in(page, live_server, "bob")
+    page.goto(f"{live_server.url}/workloads/{personas.workload.pk}/")
+    page.click('[data-run-analysis="hang"]')
+    page.wait_for_url(re.compile(r".*/analyses/\d+/$"))
+    page.wait_for_selector("[data-verdict]")
+    assert page.inner_text("[data-verdict]") == "hang"
+    assert page.inner_text("[data-root-cause-ranks]") == "2"
+    page.screenshot(path=artifacts / "10-hang-verdict.png", full_page=True)
+    page.goto(f"{live_server.url}/workloads/{personas.workload.pk}/")
+    assert "Done" in page.inner_text("#analysis")
+    page.screenshot(path=artifacts / "12-workload-analysis.png", full_page=True)
+
+    page.context.route(
+        re.compile(r"^https://ui\.perfetto\.dev/.*"),
+        lambda route: route.fulfill(status=200, content_type="text/html", body=FAKE_PERFETTO),
+    )
+    page.goto(f"{live_server.url}/workloads/{personas.workload.pk}/trace/")
+    with page.context.expect_page() as popup_info:
+        page.click("[data-perfetto-open]")
+    popup = popup_info.value
+    popup.wait_for_function("document.title.startsWith('got ')", timeout=15_000)
+    title = popup.title()
+    assert title.startswith("got llama-pretrain ")
+    assert int(title.rsplit(" ", 1)[1]) > 40  # the workload's 43 operations plus track metadata
+    page.wait_for_function("document.querySelector('[data-perfetto-status]').textContent.includes('handed')")
+    page.bring_to_front()  # a background tab does not paint: bring it back for the screenshot
+    page.screenshot(path=artifacts / "11-trace-export.png", full_page=True)
