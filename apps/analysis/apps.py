@@ -1,4 +1,4 @@
-"""App config: analysis jobs, results and live progress (filled in by the analysis issues)."""
+"""App config: analysis jobs, results, live progress, Step calibration and trace export."""
 
 from django.apps import AppConfig
 
@@ -7,3 +7,6 @@ class AnalysisConfig(AppConfig):
     name = "apps.analysis"
     label = "analysis"
     verbose_name = "Analysis"
+
+    def ready(self) -> None:
+        from . import signals  # noqa: F401  (connects the receivers)

@@ -20,6 +20,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 import pyarrow.dataset as ds
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 from django.utils import timezone
@@ -244,6 +245,21 @@ def _frame(table: pa.Table) -> pl.DataFrame:
     return df
 
 
+MAX_STEP_RANK_DETAILS = 200_000  # step x rank objects kept in a stored result; beyond, summaries only
+
+
+def _step_summary(step: dict[str, Any]) -> dict[str, Any]:
+    """Per-step aggregates over ranks: what the steps page shows, kept even when per-rank details are not."""
+    ranks = step.get("ranks") or {}
+    n = max(len(ranks), 1)
+    return {
+        "ranks": len(ranks),
+        "comm_ms_mean": sum(sum((r.get("comm_ms") or {}).values()) for r in ranks.values()) / n,
+        "exposed_wait_ms_mean": sum(r.get("exposed_wait_ms") or 0 for r in ranks.values()) / n,
+        "slowest_rank": int(max(ranks, key=lambda r: ranks[r].get("duration_ms") or 0)) if ranks else None,
+    }
+
+
 def _run_steps(table: pa.Table, p: dict[str, Any]) -> dict[str, Any]:
     from comminsight.semantic import recover_steps
 
@@ -252,10 +268,15 @@ def _run_steps(table: pa.Table, p: dict[str, Any]) -> dict[str, Any]:
         df = df.with_columns(step=pl.lit(None, dtype=pl.Int64))
     # Results stay uncalibrated: the workload's calibration is applied when they are shown.
     report = recover_steps(df, use_templates=not p["period_only"], compute_waits=True)
+    steps = [{**step, "summary": _step_summary(step)} for step in report.steps]
+    detailed = sum(len(step.get("ranks") or {}) for step in steps) <= MAX_STEP_RANK_DETAILS
+    if not detailed:  # a large job: keep per-step summaries, not steps x ranks objects
+        steps = [{k: v for k, v in step.items() if k != "ranks"} for step in steps]
     doc: dict[str, Any] = {
         "method": report.method,
         "methods_by_rank": {str(k): v for k, v in sorted(report.methods_by_rank.items())},
-        "steps": report.steps,
+        "steps": steps,
+        "per_rank_details": detailed,
     }
     if report.agreement is not None:
         doc["agreement"] = report.agreement
@@ -322,7 +343,7 @@ def analysis_run(job_id: int, force: bool = False) -> str:
         table = load_operations(files)
         _progress(job, 30)
         result = json_safe(RUNNERS[job.kind](table, dict(job.parameters)))
-    except RETRYABLE:
+    except (*RETRYABLE, SoftTimeLimitExceeded):  # the task retries these, or fails the job saying why
         raise
     except Exception as exc:  # the library refused this data: say why on the job
         logger.info("analysis job %s failed: %s", job.pk, exc)
@@ -422,8 +443,7 @@ def calibrated_steps(result: dict[str, Any], calibration: StepCalibration | None
     offset = calibration.offset if calibration else 0
     rows = []
     for step in result.get("steps", []):
-        ranks = step.get("ranks", {}) or {}
-        n = max(len(ranks), 1)
+        summary = step.get("summary") or _step_summary(step)
         recovered = step.get("step")
         rows.append(
             {
@@ -432,16 +452,21 @@ def calibrated_steps(result: dict[str, Any], calibration: StepCalibration | None
                 "start_ns": step.get("start_ns"),
                 "end_ns": step.get("end_ns"),
                 "duration_ms": step.get("duration_ms"),
-                "ranks": len(ranks),
-                "comm_ms": sum(sum((r.get("comm_ms") or {}).values()) for r in ranks.values()) / n,
-                "exposed_wait_ms": sum(r.get("exposed_wait_ms") or 0 for r in ranks.values()) / n,
-                "slowest_rank": max(ranks, key=lambda r: ranks[r].get("duration_ms") or 0) if ranks else None,
+                "ranks": summary["ranks"],
+                "comm_ms": summary["comm_ms_mean"],
+                "exposed_wait_ms": summary["exposed_wait_ms_mean"],
+                "slowest_rank": summary["slowest_rank"],
             }
         )
     return rows
 
 
 # --- Trace export ----------------------------------------------------------------------------------------------
+
+
+def exports_dir(workload_id: int) -> Path:
+    """Where a workload's trace exports are cached: ``<data dir>/exports/workload-<id>/``."""
+    return Path(settings.DATA_DIR) / "exports" / f"workload-{workload_id}"
 
 
 def trace_export(workload: Workload) -> Path:
@@ -454,7 +479,7 @@ def trace_export(workload: Workload) -> Path:
 
     files = workload_parquet_files(workload)
     fingerprint = store_fingerprint(files)
-    folder = Path(settings.DATA_DIR) / "exports" / f"workload-{workload.pk}"
+    folder = exports_dir(workload.pk)
     target = folder / f"trace-{fingerprint}.json"
     if target.exists():
         return target

@@ -64,3 +64,30 @@ def test_running_a_hang_analysis_shows_the_verdict_and_the_trace_opens_in_perfet
     page.wait_for_function("document.querySelector('[data-perfetto-status]').textContent.includes('handed')")
     page.bring_to_front()  # a background tab does not paint: bring it back for the screenshot
     page.screenshot(path=artifacts / "11-trace-export.png", full_page=True)
+
+
+def test_straggler_and_step_pages_show_the_culprit_and_the_calibrated_steps(
+    live_server, page, personas, data_dir, celery_eager, artifacts
+):
+    from apps.workloads.models import Workload
+    from tests.site.analysis_tables import straggler_table, write_store
+
+    workload = Workload.objects.create(name="bert-ddp", external_id="job-3", owner=personas.alice)
+    write_store(data_dir, workload.pk, straggler_table(late_rank=3))
+    sign_in(page, live_server, "alice")
+    page.goto(f"{live_server.url}/workloads/{workload.pk}/")
+    page.click('[data-run-analysis="stragglers"]')
+    page.wait_for_selector("[data-culprits]")
+    assert page.inner_text("[data-culprits]") == "3"
+    page.screenshot(path=artifacts / "13-stragglers.png", full_page=True)
+
+    page.goto(f"{live_server.url}/workloads/{workload.pk}/")
+    page.click('[data-run-analysis="steps"]')
+    page.wait_for_selector("[data-steps-table]")
+    page.fill("input[name=recovered]", "0")
+    page.fill("input[name=framework]", "500")
+    page.click("button[value=apply]")
+    page.wait_for_selector("text=Calibration applied")
+    first_step = page.inner_text("[data-steps-table] tbody tr:first-child td:first-child")
+    assert first_step == "500"
+    page.screenshot(path=artifacts / "14-steps-calibrated.png", full_page=True)

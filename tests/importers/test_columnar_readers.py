@@ -122,3 +122,31 @@ def test_an_oversized_segment_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(rawlog, "MAX_SEGMENT_BYTES", 1000)
     with pytest.raises(EvidenceError, match="limit"):
         rawlog.load(tmp_path)
+
+
+@pytest.mark.parametrize("dtypes", [["Float", 5], "Float", [None], [b"Float"], [["Float"]]])
+def test_dtype_lists_that_are_not_names_are_refused(tmp_path, dtypes):
+    dump = fr_dump(0, [0, 1], range(3))
+    dump["entries"][2]["input_dtypes"] = dtypes
+    (tmp_path / "_dump_0").write_bytes(pickle.dumps(dump, protocol=4))  # protocol 2 pickles bytes via a global
+    with pytest.raises(EvidenceError, match="entry 2: input_dtypes must be a list of names"):
+        flight_recorder.load(tmp_path / "_dump_0")
+
+
+def test_mixed_dtypes_are_joined_and_give_no_byte_size(tmp_path):
+    dump = fr_dump(0, [0, 1], range(2))
+    dump["entries"][0]["input_dtypes"] = ["c10::BFloat16", "Float", "BFloat16"]
+    dump["entries"][1]["input_dtypes"] = ["BFloat16", "bf16"]
+    (tmp_path / "_dump_0").write_bytes(pickle.dumps(dump, protocol=2))
+    df = pl.from_arrow(flight_recorder.load(tmp_path / "_dump_0")).filter(pl.col("op") != "progress")
+    assert df["dtype"].to_list() == ["bfloat16,float32", "bfloat16"]
+    assert df["bytes"].to_list() == [None, 128 * 4 * 2]
+
+
+def test_dtype_names_holding_the_key_separator_are_still_told_apart(tmp_path):
+    dump = fr_dump(0, [0, 1], range(2))
+    dump["entries"][0]["input_dtypes"] = ["Float\x1fHalf"]
+    dump["entries"][1]["input_dtypes"] = ["Float", "Half"]
+    (tmp_path / "_dump_0").write_bytes(pickle.dumps(dump, protocol=2))
+    df = pl.from_arrow(flight_recorder.load(tmp_path / "_dump_0")).filter(pl.col("op") != "progress")
+    assert df["dtype"].to_list() == ["float\x1fhalf", "float16,float32"]

@@ -181,3 +181,16 @@ def test_progress_of_a_running_job_reaches_an_open_socket(personas, data_dir):
     progress = [m["progress"] for m in seen]
     assert progress == sorted(progress)
     assert progress[-1] == 100
+
+
+def test_deleting_a_workload_removes_its_cached_trace(personas, data_dir, django_capture_on_commit_callbacks):
+    write_store(data_dir, personas.workload.pk, hung_table())
+    alice = client_of(personas.alice)
+    download = alice.get(reverse("analysis:trace_download", kwargs={"workload_id": personas.workload.pk}))
+    assert json.loads(b"".join(download.streaming_content))
+    exports = data_dir / "exports" / f"workload-{personas.workload.pk}"
+    assert len(list(exports.glob("trace-*.json"))) == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        response = alice.delete(reverse("api-workload-detail", kwargs={"workload_id": personas.workload.pk}))
+    assert response.status_code == 204
+    assert not exports.exists()

@@ -245,3 +245,112 @@ def test_the_run_button_on_the_workload_page_starts_a_job_and_shows_it(personas,
     assert page.context["job"].state == "done"
     detail = bob.get(reverse("workloads:detail", kwargs={"workload_id": personas.workload.pk})).content.decode()
     assert f'data-job-id="{page.context["job"].pk}"' in detail
+
+
+def test_a_job_whose_store_cannot_be_read_is_retried_then_fails_saying_so(
+    personas, data_dir, run_on_commit, monkeypatch
+):
+    from apps.analysis import services
+    from apps.analysis.models import AnalysisJob
+
+    write_store(data_dir, personas.workload.pk, hung_table())
+
+    def unreadable(files):
+        raise OSError("input/output error")
+
+    from apps.analysis.tasks import run_analysis
+
+    monkeypatch.setattr(services, "load_operations", unreadable)
+    request_analysis(client_of(personas.alice), personas.workload, "hang")  # queued (not run: no commit)
+    job = AnalysisJob.objects.get()
+    # In-process retries need eager propagation off (else the first Retry surfaces as an exception).
+    from comminsight_site.celery import app
+
+    monkeypatch.setattr(app.conf, "CELERY_TASK_EAGER_PROPAGATES", False)
+    monkeypatch.setattr(app.conf, "task_eager_propagates", False)
+    assert run_analysis.apply(args=(job.pk,)).get() == "failed"
+    job.refresh_from_db()
+    assert job.state == "failed"
+    assert job.attempts == 4  # the first run and three retries
+    assert "gave up after 4 attempts: input/output error" in job.error
+
+
+def test_a_job_that_runs_past_its_time_limit_fails_saying_so(personas, data_dir, run_on_commit, monkeypatch):
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from apps.analysis import services
+    from apps.analysis.models import AnalysisJob
+
+    write_store(data_dir, personas.workload.pk, hung_table())
+
+    def too_slow(table, params):
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setitem(services.RUNNERS, "hang", too_slow)
+    run_on_commit(lambda: request_analysis(client_of(personas.alice), personas.workload, "hang"))
+    job = AnalysisJob.objects.get()
+    assert job.state == "failed"
+    assert "time limit" in job.error
+
+
+def test_operators_can_queue_analyses_again_from_the_command_line(personas, data_dir):
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    from apps.analysis.models import AnalysisJob
+
+    write_store(data_dir, personas.workload.pk, hung_table())
+    out = StringIO()
+    call_command("reanalyse", str(personas.workload.pk), "--kind", "hang", stdout=out)
+    assert f"workload {personas.workload.pk} hang: job" in out.getvalue()
+    assert AnalysisJob.objects.get().kind == "hang"
+    with pytest.raises(CommandError, match="no workload with id 999999"):
+        call_command("reanalyse", "999999")
+
+
+def test_a_workload_ingested_from_an_agent_archive_can_be_analysed(personas, tmp_path, data_dir, run_on_commit):
+    """The store ingest writes (not one built by this test) reads back whole: 16 operations of ranks 2 and 3."""
+    from apps.workloads import ingest
+    from apps.workloads.models import Workload
+    from apps.workloads.uploads import archive_register
+    from tests.site.archives import sha256_of, valid_archive
+
+    path = valid_archive(tmp_path, ranks=(2, 3))
+    archive, _ = archive_register(
+        source_path=path, sha256=sha256_of(path), size=path.stat().st_size, owner=personas.alice, filename=path.name
+    )
+    ingest.archive_ingest(archive.pk)
+    workload = Workload.objects.get(owner=personas.alice, external_id="job-7")
+    job = run_on_commit(lambda: request_analysis(client_of(personas.alice), workload, "hang")).json()
+    from apps.analysis.models import AnalysisJob
+
+    stored = AnalysisJob.objects.get(pk=job["id"])
+    assert stored.state == "done", stored.error
+    assert stored.result["verdict"] in ("no_hang", "hang", "insufficient_evidence")
+    trace = client_of(personas.alice).get(reverse("analysis:trace_download", kwargs={"workload_id": workload.pk}))
+    events = json.loads(b"".join(trace.streaming_content))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert len([e for e in events if e.get("ph") in ("X", "i")]) == 16
+
+
+def test_a_large_step_result_keeps_per_step_summaries_instead_of_every_rank(
+    personas, data_dir, run_on_commit, monkeypatch
+):
+    from apps.analysis import services
+    from apps.analysis.models import AnalysisJob
+
+    monkeypatch.setattr(services, "MAX_STEP_RANK_DETAILS", 10)  # 12 steps x 4 ranks is "large" here
+    write_store(data_dir, personas.workload.pk, straggler_table(steps=12))
+    run_on_commit(lambda: request_analysis(client_of(personas.alice), personas.workload, "steps"))
+    job = AnalysisJob.objects.get()
+    assert job.result["per_rank_details"] is False
+    assert all("ranks" not in step for step in job.result["steps"])
+    rows = (
+        client_of(personas.alice)
+        .get(reverse("analysis:job", kwargs={"workload_id": personas.workload.pk, "job_id": job.pk}))
+        .context["report"]["rows"]
+    )
+    assert len(rows) == 12
+    assert {row["ranks"] for row in rows} == {4}
+    assert rows[1]["exposed_wait_ms"] == pytest.approx(15.0)  # three ranks wait 20 ms for the late one

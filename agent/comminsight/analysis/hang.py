@@ -17,6 +17,10 @@ method, with its rules and limits, is written up in docs/analysis-hang.md. In sh
    the sink components of that graph (a rank that waits on nobody, or a cycle such as a P2P
    deadlock). Ranks whose completions lag operations their peers completed (their GPU stopped)
    and the minority side of an op/size/dtype mismatch are root causes too.
+5. Program order: each rank's first pending operation (by enqueue time, else record id). Inside
+   a matched P2P pair or a collective everyone entered, a member still busy with an earlier
+   operation is waited on by the others; a rank missing from a collective because it is blocked
+   in an earlier operation waits on whoever blocks that one. Such ranks are waiters, not causes.
 
 Only sequence counts are needed: sources without timing (Flight Recorder dumps with every entry
 "scheduled") are analysed the same way; timing, when present, orders ranks by last progress.

@@ -7,7 +7,9 @@ source value of the wrong type fails here, naming the column, not deep inside an
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import gc
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,13 @@ import pyarrow as pa
 
 from comminsight.evidence import SCHEMA, conform
 from comminsight.importers import EvidenceError
+
+
+def _array(values: Sequence[Any] | np.ndarray, type_: pa.DataType) -> pa.Array:
+    # NaN in a float array means "missing", as from_pandas=True would say, without importing pandas.
+    if isinstance(values, np.ndarray) and values.dtype.kind == "f":
+        return pa.array(values, type=type_, mask=np.isnan(values))
+    return pa.array(values, type=type_)
 
 
 def to_table(columns: Mapping[str, Sequence[Any] | pa.Array | np.ndarray], path: Path | str) -> pa.Table:
@@ -31,7 +40,7 @@ def to_table(columns: Mapping[str, Sequence[Any] | pa.Array | np.ndarray], path:
             if isinstance(values, pa.Array | pa.ChunkedArray):
                 array = values.cast(field.type)
             else:
-                array = pa.array(values, type=field.type, from_pandas=isinstance(values, np.ndarray))
+                array = _array(values, field.type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, TypeError) as exc:
             raise EvidenceError(f"{path}: column {name!r} has a value of the wrong type: {exc}") from exc
         arrays[name] = array
@@ -49,3 +58,20 @@ def concat(tables: Sequence[pa.Table]) -> pa.Table:
     if not tables:
         return SCHEMA.empty_table()
     return pa.concat_tables(tables).combine_chunks()
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Cyclic garbage collection paused while a source is decoded into Python containers and mapped.
+
+    Decoding a dump or trace makes millions of small dicts and lists that hold no cycles; each
+    allocation burst would otherwise trigger collections that walk everything already decoded,
+    costing more than the decoding itself. Reference counting still frees them when the load returns.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -11,18 +11,21 @@ and with caps on file size, entry count and tensor-list length.
 The mapping onto the operations table is in docs/formats/evidence.md. Besides one row per
 entry, ``pg_status`` yields a "progress" row per (rank, process group) carrying the
 last-completed watermark, because dumps usually hold only operations that had not completed.
+
+Unpickling makes Python objects entry by entry; everything after is columnar: the entries of
+all files are gathered field by field into lists, then checked, normalised (per distinct value)
+and mapped as Arrow/numpy columns, once for the whole load. A check that fails on a column is
+re-run entry by entry only to name the file and entry at fault.
 """
 
 from __future__ import annotations
 
-import gc
 import io
 import json
 import math
 import pickle
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import lru_cache
 from operator import itemgetter
 from pathlib import Path
@@ -35,8 +38,8 @@ import pyarrow.compute as pc
 
 from comminsight.evidence import PROGRESS_OP
 from comminsight.importers import EvidenceError, Importer, register
-from comminsight.importers.columns import concat, to_table
-from comminsight.importers.normalise import ITEMSIZE, dtype_name, dtypes, map_distinct, ops, shape_text, trailing_int
+from comminsight.importers.columns import concat, paused_gc, to_table
+from comminsight.importers.normalise import ITEMSIZE, dtype_name, map_distinct, ops, shape_text, trailing_int
 
 NAME = "flight_recorder"
 MAX_FILE_BYTES = 512 * 1024 * 1024
@@ -107,20 +110,6 @@ def detect(path: Path) -> bool:
                 if checked >= 64:
                     break
     return False
-
-
-@contextmanager
-def _no_gc() -> Iterator[None]:
-    """Cyclic GC paused while dumps are decoded and mapped: the millions of new containers (which hold no
-    cycles) would otherwise trigger repeated collections over everything already loaded, costing more
-    than the decoding itself. They are freed by reference counting when the load returns."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _read(path: Path) -> dict:
@@ -346,17 +335,17 @@ def _dtypes(dtype_lists: list, locate: _Locate) -> tuple[pa.Array, np.ndarray]:
     assert lists is not None
     if lists.flatten().null_count:
         explain()
-    names = pa.ListArray.from_arrays(lists.offsets, dtypes(lists.flatten().cast(pa.string())))
-    distinct = pl.Series(names).list.drop_nulls().list.unique().list.sort()
-    joined = distinct.list.join(",").to_arrow()
-    joined = pc.if_else(pc.equal(joined, ""), pa.scalar(None, pa.string()), joined)
-    single = pc.equal(distinct.list.len().to_arrow(), 1)
-    itemsize = map_distinct(pc.if_else(single, joined, pa.scalar(None, pa.string())), _itemsize, pa.int64())
-    return joined, itemsize.to_numpy(zero_copy_only=False)
-
-
-def _itemsize(dtype: str | None) -> int:
-    return ITEMSIZE.get(dtype or "", 0)
+    flat = lists.flatten().cast(pa.string())
+    if len(flat) and pc.any(pc.match_substring(flat, _SEPARATOR)).as_py():
+        explain_each = [_dtype_info(tuple(names)) for names in dtype_lists]  # a name holding the separator
+        return pa.array([i[0] for i in explain_each], pa.string()), np.array([i[1] for i in explain_each], np.int64)
+    # One key per distinct list (its names joined), each distinct list normalised once.
+    encoded = pc.dictionary_encode(pc.binary_join(lists.cast(pa.list_(pa.string())), _SEPARATOR))
+    codes = encoded.indices.to_numpy()
+    _, first = np.unique(codes, return_index=True)
+    info = [_dtype_info(tuple(names)) for names in lists.take(pa.array(first)).to_pylist()]
+    dtype = pa.array([i[0] for i in info], pa.string()).take(encoded.indices)
+    return dtype, np.array([i[1] for i in info], np.int64)[codes]
 
 
 @lru_cache(maxsize=4096)
@@ -397,6 +386,7 @@ _FIELDS = {
     "time_discovered_completed_ns": None,
 }
 _INT_OR_NONE = {int, type(None)}
+_SEPARATOR = "\x1f"  # joins an entry's dtype names into one key
 
 
 def _fields(entries: list[dict]) -> dict[str, list]:
@@ -597,7 +587,7 @@ def load(path: Path) -> pa.Table:
     files = _dump_files(path)
     if not files:
         raise EvidenceError(f"{path}: no Flight Recorder dump found")
-    with _no_gc():
+    with paused_gc():
         return _load_files(files)
 
 
@@ -617,8 +607,13 @@ def _load_files(files: list[Path]) -> pa.Table:
     entries = _entries_table(dumps, _Locate(dumps))
     progress, owner = _progress(dumps, entries)
     # Rows in file order, each file's progress rows after its entries (as a per-file reader would give them).
-    file = np.concatenate((np.repeat(np.arange(len(dumps)), [len(d.entries) for d in dumps]), owner))
-    return concat([entries, progress]).take(pa.array(np.argsort(file, kind="stable")))
+    parts, entry_start, progress_start = [], 0, 0
+    progress_counts = np.bincount(owner, minlength=len(dumps))
+    for d, extra in zip(dumps, progress_counts.tolist(), strict=True):
+        parts += [entries.slice(entry_start, len(d.entries)), progress.slice(progress_start, extra)]
+        entry_start += len(d.entries)
+        progress_start += extra
+    return concat(parts)
 
 
 register(Importer(NAME, detect, load))

@@ -10,8 +10,11 @@ the kernel lacks it). Without ``Seq`` the sequence is the op's ordinal in its pr
 within the trace (collectives and P2P counted apart). ``ProfilerStep#N`` spans label the ops
 enqueued inside them with step N and are kept as "compute" rows carrying the span.
 
-JSON has to be decoded event by event; the columns are then built in one pass and the step
-labels assigned with one vectorised search.
+The trace is decoded with orjson into Python objects (JSON gives no cheaper way to a
+nested event list); one filtering pass keeps the few events that matter, each needed field is
+then gathered as one column (a C-level ``map`` over the selected events), and every mapping
+(op and dtype spellings, kernel traits, sizes, sequence ordinals, step labels) runs on whole
+columns: per distinct value, or as numpy/Arrow kernels.
 """
 
 from __future__ import annotations
@@ -21,18 +24,17 @@ import json
 import re
 import zlib
 from functools import lru_cache
-from itertools import compress
+from itertools import compress, repeat
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from comminsight.importers import EvidenceError, Importer, register
-from comminsight.importers.columns import concat, to_table
+from comminsight.importers.columns import concat, paused_gc, to_table
 from comminsight.importers.normalise import dtypes, itemsizes, map_distinct, ops
 
 NAME = "kineto"
@@ -49,6 +51,9 @@ _PEER_KEYS = ("Peer", "peer", "Dst Rank", "Src Rank", "dst_rank", "src_rank")
 _NUMBER = (int, float)  # exact types: a JSON true/false is a bool, not a number
 _KEY = (int, str, float)  # External ids that can key a lookup
 _NO_ARGS: dict = {}
+_INT_OR_NONE = {int, type(None)}
+_FLOAT_OR_INT = {float, int}
+_STR_OR_NONE = {str, type(None)}
 
 
 def _head(path: Path) -> bytes:
@@ -171,13 +176,30 @@ def _rank_of(trace: dict, path: Path) -> int:
     raise EvidenceError(f"{path}: cannot tell the rank (no distributedInfo.rank, no 'rank<N>' in the file name)")
 
 
-def _args_of(event: dict) -> dict:
-    args = event.get("args")
-    return args if type(args) is dict else _NO_ARGS
+def _args_column(events: list) -> list[dict]:
+    """Each event's ``args`` (an empty dict for a missing event, missing or non-object args)."""
+    args = [e.get("args") if e is not None else None for e in events]
+    if set(map(type, args)) <= {dict}:
+        return args
+    return [a if type(a) is dict else _NO_ARGS for a in args]
+
+
+def _ranks_column(values: list, groups: list[str], listed: dict[str, list[int] | None]) -> list:
+    """Member lists per kernel: the args' list (its text parsed once per distinct text), else pg_config's."""
+    if set(map(type, values)) <= {str}:
+        parsed = {text: _ranks_text(text) for text in set(values)}
+        ranks = list(map(parsed.__getitem__, values))
+    else:
+        ranks = [_ranks(v) for v in values]
+    if all(ranks):
+        return ranks
+    return [r or listed.get(g) for r, g in zip(ranks, groups, strict=True)]
 
 
 def _ints(values: list) -> pa.Array:
     """``_int_arg`` on a whole column: ints as they are, integral floats as ints, anything else null."""
+    if set(map(type, values)) <= _INT_OR_NONE:
+        return pa.array(values, pa.int64())  # the usual case, converted in one call
     return pa.array(
         [v if type(v) is int else (int(v) if type(v) is float and v.is_integer() else None) for v in values],
         pa.int64(),
@@ -186,11 +208,15 @@ def _ints(values: list) -> pa.Array:
 
 def _floats(values: list) -> np.ndarray:
     """``_number`` on a whole column: ints and floats as float64, anything else (bools, text, missing) NaN."""
+    if set(map(type, values)) <= _FLOAT_OR_INT:
+        return np.array(values, dtype=np.float64)
     return np.array([v if type(v) is float or type(v) is int else np.nan for v in values], dtype=np.float64)
 
 
 def _texts(values: list) -> pa.Array:
     """Strings as they are, anything else null."""
+    if set(map(type, values)) <= _STR_OR_NONE:
+        return pa.array(values, pa.string())
     return pa.array([v if type(v) is str else None for v in values], pa.string())
 
 
@@ -216,48 +242,65 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
         if isinstance(pg, dict) and "pg_name" in pg:
             pg_desc[str(pg["pg_name"])] = (pg.get("pg_desc"), _ranks(pg.get("ranks")))
 
-    # One filtering pass over the events keeps complete spans ("X") with a name; every later step
-    # works on the few selected events, one column at a time.
-    spans = [e for e in trace["traceEvents"] if type(e) is dict and e.get("ph") == "X" and type(e.get("name")) is str]
-    kernels = [e for e in spans if e.get("cat") == "kernel"]
-    kernel_args = [_args_of(e) for e in kernels]
+    # The keys that select events are gathered as columns (one C-level pass each) and matched with
+    # Arrow kernels; only the few selected events are then looked at one by one.
+    events = trace["traceEvents"]
+    if not set(map(type, events)) <= {dict}:
+        events = [e for e in events if type(e) is dict]
+    names = _texts(list(map(dict.get, events, repeat("name"))))
+    categories = _texts(list(map(dict.get, events, repeat("cat"))))
+    is_kernel = pc.fill_null(pc.and_(pc.equal(categories, "kernel"), names.is_valid()), False)
+    is_comm = pc.and_(pc.fill_null(pc.equal(names, "record_param_comms"), False), pc.invert(is_kernel))
+    is_step = pc.fill_null(
+        pc.and_(pc.equal(categories, "user_annotation"), pc.starts_with(names, "ProfilerStep#")), False
+    )
+
+    def spans(mask: pa.Array) -> list[dict]:
+        # Complete ("X") events only.
+        picked = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
+        return [e for e in map(events.__getitem__, picked) if e.get("ph") == "X"]
+
+    kernels = spans(is_kernel)
+    kernel_args = _args_column(kernels)
     keep = [
         ("Collective name" in a or e["name"].startswith("nccl")) and type(t := e.get("ts")) in _NUMBER and t == t
         for e, a in zip(kernels, kernel_args, strict=True)
     ]
     kernels, kernel_args = list(compress(kernels, keep)), list(compress(kernel_args, keep))
-    cpu_comms = {
-        x: e
-        for e in spans
-        if e["name"] == "record_param_comms"
-        and e.get("cat") != "kernel"
-        and type(x := _args_of(e).get("External id")) in _KEY
-    }
+    comm_events = spans(is_comm)
+    comm_ids = map(dict.get, _args_column(comm_events), repeat("External id"))
+    cpu_comms = {x: e for e, x in zip(comm_events, comm_ids, strict=True) if type(x) in _KEY}
     steps: list[tuple[float, float, int]] = []
-    for event in spans:
-        if event.get("cat") == "user_annotation" and event["name"].startswith("ProfilerStep#"):
-            match = _STEP.match(event["name"])
-            ts, dur = _number(event.get("ts")), _number(event.get("dur"))
-            if match and ts is not None and dur is not None:
-                steps.append((ts, ts + dur, int(match.group(1))))
+    for event in spans(is_step):
+        match = _STEP.match(event["name"])
+        ts, dur = _number(event.get("ts")), _number(event.get("dur"))
+        if match and ts is not None and dur is not None:
+            steps.append((ts, ts + dur, int(match.group(1))))
     steps.sort()
 
-    cpu = [cpu_comms.get(x) if type(x := a.get("External id")) in _KEY else None for a in kernel_args]
-    cpu_args = [_args_of(c) if c is not None else _NO_ARGS for c in cpu]
+    cpu = [cpu_comms.get(x) if type(x) in _KEY else None for x in map(dict.get, kernel_args, repeat("External id"))]
+    cpu_args = _args_column(cpu)
+
+    # Kernel args win over those of the CPU op; each column is then one C-level pass over the merged args.
+    merged_args = [{**c, **a} if c else a for a, c in zip(kernel_args, cpu_args, strict=True)]
 
     def merged(key: str) -> list:
-        # Kernel args win over those of the CPU op, as {**cpu_args, **kernel_args} would.
-        return [a[key] if key in a else c.get(key) for a, c in zip(kernel_args, cpu_args, strict=True)]
+        return list(map(dict.get, merged_args, repeat(key)))
+
+    def kernel(key: str) -> list:
+        return list(map(dict.get, kernel_args, repeat(key)))
 
     try:
         names = pa.array([e["name"] for e in kernels], pa.string())
         raw_op = pc.coalesce(_texts(merged("Collective name")), map_distinct(names, lambda n: _kernel_traits(n)[0]))
         op = ops(raw_op)
         is_p2p = pc.is_in(op, pa.array(["send", "recv"]))
-        group = [g if type(g) is str else ("unknown" if g is None else str(g)) for g in merged("Process Group Name")]
+        group = merged("Process Group Name")
+        if not set(map(type, group)) <= {str}:
+            group = [g if type(g) is str else ("unknown" if g is None else str(g)) for g in group]
         group_arr = pa.array(group, pa.string())
         listed = {name: value[1] for name, value in pg_desc.items()}
-        ranks = [_ranks(v) or listed.get(g) for v, g in zip(merged("Process Group Ranks"), group, strict=True)]
+        ranks = _ranks_column(merged("Process Group Ranks"), group, listed)
         size = _ints(merged("Group size"))
         size_from_ranks = pa.array([len(r) if r else None for r in ranks], pa.int64())
         dtype = dtypes(_texts(merged("dtype")))
@@ -265,7 +308,8 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
         itemsize = pa.array(itemsizes(dtype))
         seq = pc.coalesce(_ints(merged("Seq")), _ints(merged("seq")))
         peer = pc.coalesce(*[_ints(merged(key)) for key in _PEER_KEYS])
-        descs = [d if d else None for d in merged("Process Group Description")]
+        descs = _texts(merged("Process Group Description"))
+        descs = pc.if_else(pc.equal(descs, ""), pa.scalar(None, pa.string()), descs)  # empty: not given
         pg_descs = map_distinct(group_arr, lambda g: pg_desc.get(g, (None, None))[0] if g is not None else None)
         ts = _floats([e["ts"] for e in kernels])
         dur = np.nan_to_num(_floats([e.get("dur") for e in kernels]))
@@ -276,10 +320,10 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
         enqueue = np.where(has_cpu, cpu_ts, ts)
         columns: dict[str, Any] = {
             "pid": pa.array(pid, pa.int64()),
-            "device": _ints([a.get("device") for a in kernel_args]),
+            "device": _ints(kernel("device")),
             "comm_id": group_arr,
             "comm_name": group_arr,
-            "comm_desc": pc.coalesce(pa.array(descs, pa.string()), pg_descs) if kernels else pa.array([], pa.string()),
+            "comm_desc": pc.coalesce(descs, pg_descs),
             "comm_size": pc.coalesce(size, size_from_ranks),
             "comm_ranks": pa.array(ranks, pa.list_(pa.int32())),
             "op": op,
@@ -292,10 +336,10 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
             "enqueue_ns": pa.array(_ns(cpu_ts, base_ns, path), mask=~has_cpu),
             "start_ns": _ns(ts, base_ns, path),
             "end_ns": _ns(ts + dur, base_ns, path),
-            "stream": _ints([a.get("stream") for a in kernel_args]),
+            "stream": _ints(kernel("stream")),
             "algo": map_distinct(names, lambda n: _kernel_traits(n)[1] if n else None),
             "proto": map_distinct(names, lambda n: _kernel_traits(n)[2] if n else None),
-            "record_id": _ints([a.get("External id") for a in kernel_args]),
+            "record_id": _ints(kernel("External id")),
         }
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
         raise EvidenceError(f"{path}: a kernel argument has a value out of range or of the wrong type: {exc}") from exc
@@ -308,9 +352,15 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
 
     # Sequences the trace does not carry: ordinal per (process group, collective|p2p) in enqueue order.
     if n and columns["seq"].null_count:
-        frame = pl.DataFrame({"g": columns["comm_id"], "p": columns["is_p2p"]})
-        ordinal = frame.select(pl.int_range(pl.len(), dtype=pl.Int64).over("g", "p")).to_series().to_arrow()
-        columns["seq"] = pc.coalesce(columns["seq"], ordinal)
+        group_code = pc.dictionary_encode(columns["comm_id"]).indices.to_numpy().astype(np.int64)
+        codes = group_code * 2 + columns["is_p2p"].to_numpy(zero_copy_only=False)
+        order = np.argsort(codes, kind="stable")
+        sorted_codes = codes[order]
+        starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
+        first_of_group = np.repeat(starts, np.diff(np.r_[starts, n]))
+        ordinal = np.empty(n, np.int64)
+        ordinal[order] = np.arange(n) - first_of_group
+        columns["seq"] = pc.coalesce(columns["seq"], pa.array(ordinal))
 
     # Step labels: the ProfilerStep span the op was enqueued in (one vectorised search).
     if steps and n:
@@ -352,8 +402,9 @@ def load(path: Path) -> pa.Table:
     tables: list[pa.Table] = []
     seen: dict[int, Path] = {}
     for file in files:
-        trace = _read(file)
-        table = _load_one(file, trace)
+        with paused_gc():
+            trace = _read(file)
+            table = _load_one(file, trace)
         rank = _rank_of(trace, file)
         if rank in seen:
             raise EvidenceError(f"{file}: rank {rank} already read from {seen[rank].name}")

@@ -12,6 +12,11 @@ metadata, and the payload lines after it hold only ``coll_perf``/``p2p_perf``/``
 The logs carry no global rank: a process's global rank is taken as its rank in the largest
 communicator it belongs to (the world communicator in practice). Times come from the verbose
 event trace when present (microseconds); without it an operation has no timestamps.
+
+A log is parsed whole by Arrow's JSON reader against a fixed schema of the needed keys and
+mapped with compute kernels. Anything that reader cannot vouch for (a JSON null, a value of
+another type, an overlong line, a payload before its header) sends the log to the careful
+line-by-line reader, which reads it the same way or names the line at fault.
 """
 
 from __future__ import annotations

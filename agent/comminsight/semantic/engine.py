@@ -84,9 +84,10 @@ def find_starts(cls: np.ndarray, min_run: int, after_end: bool) -> tuple[np.ndar
     # Run lengths: distance to the next non-start class (or the end).
     non_start = np.flatnonzero(~is_start)
     nxt = np.searchsorted(non_start, run_begin)
-    run_end = np.where(nxt < non_start.size, non_start[np.minimum(nxt, max(non_start.size - 1, 0))], c.size)
-    if non_start.size == 0:
+    if non_start.size == 0:  # only start events (a chunk inside a run): every run lasts to the end
         run_end = np.full(run_begin.size, c.size)
+    else:
+        run_end = np.where(nxt < non_start.size, non_start[np.minimum(nxt, non_start.size - 1)], c.size)
     length = run_end - run_begin
     ok = preceded_by_end & (length >= min_run)
     starts = idx[run_begin[ok]]
@@ -108,6 +109,7 @@ class _Rank:
     method: str | None = None  # template name, "period", or "none"
     anchor: int = -1  # period anchor signature
     anchor_prev: int = -1  # signature that must precede the anchor (-1: none)
+    setup: int = 0  # leading events still to come that precede the periodic stretch (no step)
     after_end: bool = True
     step: int = -1  # the step now open on this rank (-1: none yet)
     buffer: dict[str, np.ndarray] | None = None  # warm-up events, then the undecided tail
@@ -184,6 +186,7 @@ class StepEngine:
             state.method = "none"
         else:
             state.method, state.anchor, state.anchor_prev = "period", found.anchor, found.anchor_prev
+            state.setup = found.setup
 
     def _classes(self, state: _Rank) -> tuple[np.ndarray, int]:
         if state.method == "period":
@@ -257,6 +260,9 @@ class StepEngine:
             return ev["row"], np.full(len(ev["row"]), -1, np.int64), []
         cls_table, min_run = self._classes(state)
         cls = cls_table[ev["sig"]]
+        if state.setup:
+            # Set-up events (before the periodic stretch) open and close nothing: they stay before step 0.
+            cls[: state.setup] = NEUTRAL
         starts, hold_from, after_end = find_starts(cls, min_run, state.after_end)
         if hold_from < len(ev["row"]) and (flush or len(ev["row"]) - hold_from > MAX_PENDING):
             # End of input (or a run held too long): the undecided run is just part of the open step.
@@ -268,6 +274,7 @@ class StepEngine:
             ev = _take(ev, slice(0, hold_from))
         state.after_end = after_end
         m = len(ev["row"])
+        state.setup = max(0, state.setup - m)
         base = state.step
         step = base + np.searchsorted(starts, np.arange(m), side="right")
         self._accumulate(state, ev, step, starts, base)
@@ -337,6 +344,7 @@ class StepEngine:
                 "method": st.method,
                 "anchor": st.anchor,
                 "anchor_prev": st.anchor_prev,
+                "setup": st.setup,
                 "after_end": st.after_end,
                 "step": st.step,
                 "buffer": None
@@ -396,12 +404,16 @@ class StepEngine:
                 if method is not None and method not in ("period", "none") and method not in known:
                     raise CheckpointError(f"checkpoint rank uses unknown method {method!r}")
                 anchor, anchor_prev = int(st["anchor"]), int(st.get("anchor_prev", -1))
+                setup = int(st.get("setup", 0))
+                if setup < 0:
+                    raise CheckpointError("checkpoint set-up count is negative")
                 if method == "period" and not (0 <= anchor < N_SIGNATURES and -1 <= anchor_prev < N_SIGNATURES):
                     raise CheckpointError("checkpoint period anchor is out of range")
                 engine.ranks[int(key)] = _Rank(
                     method=method,
                     anchor=anchor,
                     anchor_prev=anchor_prev,
+                    setup=setup,
                     after_end=bool(st["after_end"]),
                     step=int(st["step"]),
                     buffer=buf,

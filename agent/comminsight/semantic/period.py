@@ -8,6 +8,13 @@ reaches ``min_match``. The anchor (the operation that opens a step) is a signatu
 the longest median idle gap, because steps are separated by the optimizer, data loading and the
 forward pass, where little communication runs. Pairs matter when the opening operation also
 occurs elsewhere in the step (DDP's equal-sized gradient buckets).
+
+Short real traces carry one-off collectives before the first regular step (a framework's set-up:
+parameter broadcasts, shape checks, the first iteration's different bucketing) and after the last
+(a closing barrier); a few of them are enough to pull every lag's rate under ``min_match``. Then
+each lag is measured over the stretch between its first and last match instead, when that stretch
+covers at least ``min_cover`` of the trace and three periods; events before the stretch are set-up
+(``Period.setup``) and belong to no step.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ class Period:
     anchor: int  # signature that opens each step
     anchor_prev: int  # signature just before it (-1: the anchor alone is unique per period)
     match: float  # match rate at the period lag
+    setup: int = 0  # leading events that precede the periodic stretch (set-up, before step 0)
 
 
 def detect_period(
@@ -32,20 +40,41 @@ def detect_period(
     max_period: int = 2048,
     min_match: float = 0.8,
     tolerance: float = 0.02,
+    min_cover: float = 0.5,
 ) -> Period | None:
     """Period and anchor of one rank's signature sequence, or None when it is not periodic."""
     n = len(sig)
     limit = min(max_period, n // 2)
     if limit < 1:
         return None
-    rates = np.empty(limit + 1)
-    rates[0] = 0.0
+    rates = np.zeros(limit + 1)
+    # Per lag: first and last position where the sequence matches itself (the periodic stretch).
+    first = np.zeros(limit + 1, np.int64)
+    last = np.full(limit + 1, -1, np.int64)
     for lag in range(1, limit + 1):  # one vectorised comparison per lag, not per event
-        rates[lag] = np.count_nonzero(sig[:-lag] == sig[lag:]) / (n - lag)
+        hit = np.flatnonzero(sig[:-lag] == sig[lag:])
+        rates[lag] = hit.size / (n - lag)
+        if hit.size:
+            first[lag], last[lag] = hit[0], hit[-1]
+    lo, hi = 0, n
     top_rate = rates.max()
-    if top_rate < min_match:
-        return None
-    period = int(np.flatnonzero(rates >= top_rate - tolerance)[0])
+    if top_rate >= min_match:
+        period = int(np.flatnonzero(rates >= top_rate - tolerance)[0])
+        match = float(rates[period])
+    else:
+        # Set-up and tear-down dilute the rate of a short trace: rate each lag over its stretch.
+        lags = np.arange(limit + 1)
+        span = last - first + 1
+        ok = (last >= 0) & (lags > 0) & (span + lags >= min_cover * n) & (span >= 2 * lags)
+        trimmed = np.where(ok, rates * (n - lags) / np.maximum(span, 1), 0.0)
+        top_rate = trimmed.max()
+        if top_rate < min_match:
+            return None
+        period = int(np.flatnonzero(trimmed >= top_rate - tolerance)[0])
+        match = float(trimmed[period])
+        lo, hi = int(first[period]), int(last[period]) + period + 1
+        sig, start_ns, end_ns = sig[lo:hi], start_ns[lo:hi], end_ns[lo:hi]
+        n = hi - lo
     expected = n / period
     gap = np.empty(n, dtype=np.float64)
     gap[0] = 0.0
@@ -64,4 +93,4 @@ def detect_period(
                 best = (g, anchor, prev)
     if best is None:
         return None
-    return Period(period=period, anchor=best[1], anchor_prev=best[2], match=float(rates[period]))
+    return Period(period=period, anchor=best[1], anchor_prev=best[2], match=match, setup=lo)
