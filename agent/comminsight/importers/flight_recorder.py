@@ -324,6 +324,8 @@ def _dtypes(dtype_lists: list, locate: _Locate) -> tuple[pa.Array, np.ndarray]:
                 raise EvidenceError(f"{locate.where(index)}: input_dtypes must be a list of names")
         raise EvidenceError(f"{locate.paths[0]}: input_dtypes must be lists of names")
 
+    if not dtype_lists:
+        return pa.array([], pa.string()), np.zeros(0, np.int64)
     lists = None
     if set(map(type, dtype_lists)) <= {list, tuple}:
         try:
