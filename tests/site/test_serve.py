@@ -70,3 +70,46 @@ def test_serve_on_a_bare_machine_starts_daphne_and_names_only_the_token_path(tmp
     assert str(tmp_path / "bootstrap-token") in output
     assert token not in output
     assert (tmp_path / "db.sqlite3").exists()
+
+
+def children_of(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found.update(int(child) for child in (task / "children").read_text().split())
+    return found
+
+
+@pytest.mark.slow  # multi-process: starts three Python processes
+def test_serve_with_two_workers_answers_from_both_and_stops_them_all(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
+    env.update(COMMINSIGHT_SERVER_DATA_DIR=str(tmp_path), COMMINSIGHT_SERVER_LISTEN=f"127.0.0.1:{port}")
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "manage.py", "serve", "--workers", "2"], cwd=ROOT, env=env, stdout=out, stderr=out
+        )
+        try:
+            answers = []
+            for _ in range(150):
+                try:
+                    # A fresh connection each time, so the kernel may hand it to either worker.
+                    answers = [httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json() for _ in range(6)]
+                    break
+                except httpx.HTTPError:
+                    time.sleep(0.2)
+            assert answers == [{"status": "ok"}] * 6
+            workers = children_of(server.pid)
+            assert len(workers) == 2
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    assert server.returncode == 0
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+
+
+def test_serve_refuses_zero_workers():
+    from django.core.management import call_command
+
+    with pytest.raises(CommandError, match="at least 1"):
+        call_command("serve", "--workers", "0", "--no-migrate")

@@ -70,16 +70,20 @@ def _frame(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
     selected = table.select(keep)
     df = selected if isinstance(selected, pl.DataFrame) else pl.from_arrow(selected, rechunk=False)
     assert isinstance(df, pl.DataFrame)
-    # Without a description, the name the communicator was created with (NCCL's commName, e.g. a
-    # Megatron group name) reads better than a hash; a name that only repeats the id adds nothing.
-    named = pl.col("comm_name").is_not_null() & (pl.col("comm_name") != pl.col("comm_id"))
-    desc = pl.when(pl.col("comm_desc").is_null() & named).then(pl.col("comm_name")).otherwise(pl.col("comm_desc"))
-    return (
-        df.filter(pl.col("op") != "compute")
-        .with_columns(desc.alias("comm_desc"))
-        .drop("comm_name")
-        .with_row_index("_row")
+    return df.filter(pl.col("op") != "compute").with_row_index("_row")
+
+
+# Without a description, the name the communicator was created with (NCCL's commName, e.g. a
+# Megatron group name) reads better than a hash; a name that only repeats the id adds nothing.
+# Applied to per-communicator aggregates, not to every row.
+_DESC = (
+    pl.when(
+        pl.col("comm_desc").is_null() & pl.col("comm_name").is_not_null() & (pl.col("comm_name") != pl.col("comm_id"))
     )
+    .then(pl.col("comm_name"))
+    .otherwise(pl.col("comm_desc"))
+    .alias("comm_desc")
+)
 
 
 _IS_STREAM = ~pl.col("is_p2p") & pl.col("seq").is_not_null() & pl.col("seq_kind").is_not_null()
@@ -108,6 +112,7 @@ def _per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
             pl.when(real).then(_TIME.fill_null(_NO_TIME)).alias("t_real"),
             (pl.col("state") == "abandoned").alias("abandoned"),
             "comm_desc",
+            "comm_name",
             "comm_size",
             pl.when(real).then(pl.col("_row")).alias("real_row"),
         )
@@ -123,6 +128,7 @@ def _per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
             pl.col("abandoned").sum().alias("abandoned"),
             # Constant per communicator; first() keeps the aggregation on polars' fast path.
             pl.col("comm_desc").first().alias("comm_desc"),
+            pl.col("comm_name").first().alias("comm_name"),
             pl.col("comm_size").max().alias("comm_size"),
         )
     )
@@ -151,16 +157,17 @@ def _members(per_rank: pl.DataFrame, rest: pl.DataFrame, df: pl.DataFrame) -> tu
         .filter(pl.col("rank").is_not_null())
     )
     seen = pl.concat([per_rank.select("comm_id", "rank"), rest.select("comm_id", "rank")])
+    columns = ("comm_id", "comm_desc", "comm_name", "comm_size")
     members = pl.concat([listed.select("comm_id", pl.col("rank").cast(pl.Int32)), seen]).unique()
     info = (
-        pl.concat(
-            [per_rank.select("comm_id", "comm_desc", "comm_size"), rest.select("comm_id", "comm_desc", "comm_size")]
-        )
+        pl.concat([per_rank.select(*columns), rest.select(*columns)])
         .group_by("comm_id")
         .agg(
             pl.col("comm_desc").drop_nulls().first().alias("comm_desc"),
+            pl.col("comm_name").drop_nulls().first().alias("comm_name"),
             pl.col("comm_size").max().alias("comm_size"),
         )
+        .select("comm_id", _DESC, "comm_size")
     )
     return members, info
 
@@ -410,8 +417,7 @@ def _earliest_pending(coll: pl.DataFrame, per_rank: pl.DataFrame, p2p_ops: pl.Da
         coll.filter((pl.col("state") != "completed") & (pl.col("op") != PROGRESS_OP))
         .join(per_rank.select(*keys, "watermark"), on=keys, how="left")
         .filter(pl.col("watermark").is_null() | (pl.col("seq") > pl.col("watermark")))
-        .group_by(*keys, "seq", "op")
-        .agg(_ORDER.min().alias("t"), pl.col("record_id").min())
+        .select(*keys, "seq", "op", _ORDER.alias("t"), "record_id")
         .with_columns(pl.lit(None, pl.Int32).alias("peer"), pl.lit(False).alias("is_p2p"))
     )
     p2p_pending = p2p_ops.select(
@@ -430,8 +436,7 @@ def _earliest_pending(coll: pl.DataFrame, per_rank: pl.DataFrame, p2p_ops: pl.Da
     first = (
         pending.filter(pl.col("t").is_not_null() | pl.col("record_id").is_not_null())
         .sort(["rank", "t", "record_id"], nulls_last=True)
-        .group_by("rank", maintain_order=True)
-        .first()
+        .unique(subset="rank", keep="first", maintain_order=True)
     )
     return {int(row["rank"]): row for row in first.iter_rows(named=True)}
 
@@ -663,7 +668,6 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
     # blocked earlier", below).
     group_of: dict[tuple, dict] = {}
     blockers_of: dict[int, list[int]] = {}
-    all_inside: list[tuple[tuple, dict]] = []
 
     for row in stuck.sort("comm_id", "seq_kind", "sop").iter_rows(named=True):
         key = (row["comm_id"], row["seq_kind"], row["sop"])
@@ -718,40 +722,10 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
             waiting_in[r].append(row["comm_id"])
         group_of[key] = group
         blockers_of[id(group)] = blockers
-        if kind == "all_inside":
-            all_inside.append((key, group))
         for b in blockers:
             blocked_by[b].append(group)
             for w in waiters:
                 if w != b:
-                    edges[w].add(b)
-
-    if all_inside:
-        # Everyone entered and nobody completed: a member whose stream is still busy with an
-        # earlier pending operation has not really started this one; the others wait for it.
-        keys = ["comm_id", "seq_kind", "sop"]
-        wanted = pl.DataFrame([k for k, _ in all_inside], schema=keys, orient="row")
-        member_order = (
-            at.join(wanted, on=keys, how="semi")
-            .group_by(*keys, "rank")
-            .agg(_ORDER.min().alias("t"), pl.col("record_id").min())
-        )
-        order_at = {(c, k, o, int(r)): (t, rid) for c, k, o, r, t, rid in member_order.iter_rows()}
-        for key, group in all_inside:
-            late = [
-                r
-                for r in group["entered_ranks"]
-                if _blocked_earlier(first_pending.get(r), *order_at.get((*key, r), (None, None)))
-            ]
-            inside = [r for r in group["entered_ranks"] if r not in late]
-            if not late or not inside:
-                continue
-            group["blocked_earlier_ranks"] = late
-            group["waiting_ranks"] = inside
-            blockers_of[id(group)] = late
-            for b in late:
-                blocked_by[b].append(group)
-                for w in inside:
                     edges[w].add(b)
 
     for row in p2p.iter_rows(named=True):
@@ -892,9 +866,9 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
     chain = _chain(roots, edges, blocked_by)
 
     # Per-rank evidence.
-    last_ops = df.select("rank", "comm_id", "comm_desc", "op", "seq", "state", "shape", "dtype")[
+    last_ops = df.select("rank", "comm_id", "comm_desc", "comm_name", "op", "seq", "state", "shape", "dtype")[
         activity.get_column("last_row").to_list()
-    ]
+    ].with_columns(_DESC)
     evidence: dict[str, dict] = {}
     root_set = set(roots)
     fields = ("group_id", "group_desc", "op", "seq", "state", "shape", "dtype")

@@ -1,13 +1,24 @@
 """``manage.py serve``: what `make run` starts — migrate, collect static files when needed, make sure a
 bootstrap token exists while the site has no root (printing the token file's *path*), then run Daphne
 on ``COMMINSIGHT_SERVER_LISTEN`` (and ``COMMINSIGHT_SERVER_AGENT_LISTEN`` when set).
+
+``--workers N`` (``COMMINSIGHT_SERVER_WORKERS``) binds the listening sockets once and starts N Daphne
+processes that all accept on them (the kernel spreads connections): one Python process runs one request's
+Python code at a time, so more cores need more processes.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
+import time
 
 from django.conf import settings
 from django.core.management import call_command
@@ -55,8 +66,22 @@ class Command(BaseCommand):
         parser.add_argument("--listen", default=settings.SERVER_LISTEN, help="HOST:PORT (COMMINSIGHT_SERVER_LISTEN)")
         parser.add_argument("--no-migrate", action="store_true", help="do not apply migrations first")
         parser.add_argument("--prepare-only", action="store_true", help="do everything except start the server")
+        parser.add_argument(
+            "--workers",
+            type=int,
+            default=_env_workers(),
+            help="Daphne processes sharing the listening sockets (COMMINSIGHT_SERVER_WORKERS, default 1)",
+        )
+        # Internal: a worker started by --workers serves on inherited sockets and prepares nothing.
+        parser.add_argument("--inherit-fd", action="append", default=[], help=argparse.SUPPRESS)
 
     def handle(self, *args: object, **options: object) -> None:
+        if options["inherit_fd"]:
+            run_daphne([f"fd:fileno={int(fd)}:domain={domain}" for fd, domain in map(_fd_spec, options["inherit_fd"])])
+            return
+        workers = int(options["workers"])
+        if workers < 1:
+            raise CommandError("--workers must be at least 1")
         settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
         if not options["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
@@ -76,17 +101,86 @@ class Command(BaseCommand):
         self.stdout.write(f"serving on {', '.join(endpoints)} (data in {settings.DATA_DIR})")
         if options["prepare_only"]:
             return
-        from daphne.cli import CommandLineInterface
-
         if settings.CELERY_TASK_ALWAYS_EAGER:
             threading.Thread(
                 target=embedded_periodic_tasks, args=(threading.Event(),), name="comminsight-periodic", daemon=True
             ).start()
 
-        argv = [arg for endpoint in endpoints for arg in ("-e", endpoint)]
-        application = settings.ASGI_APPLICATION.rpartition(".")
-        cli = CommandLineInterface()
-        # Daphne hands a request body to the application in request_buffer_size pieces (8 KiB by default, not a
-        # command-line option): an 8 MiB upload chunk became 1024 queue messages on the one event loop.
-        cli.server_class = functools.partial(cli.server_class, request_buffer_size=REQUEST_BUFFER_BYTES)
-        cli.run([*argv, f"{application[0]}:{application[2]}"])
+        if workers == 1:
+            run_daphne(endpoints)
+            return
+        addresses = [listen] + ([settings.SERVER_AGENT_LISTEN] if settings.SERVER_AGENT_LISTEN else [])
+        run_workers(workers, [bind(address) for address in addresses])
+
+
+def run_daphne(endpoints: list[str]) -> None:
+    from daphne.cli import CommandLineInterface
+
+    argv = [arg for endpoint in endpoints for arg in ("-e", endpoint)]
+    application = settings.ASGI_APPLICATION.rpartition(".")
+    cli = CommandLineInterface()
+    # Daphne hands a request body to the application in request_buffer_size pieces (8 KiB by default, not a
+    # command-line option): an 8 MiB upload chunk became 1024 queue messages on the one event loop.
+    cli.server_class = functools.partial(cli.server_class, request_buffer_size=REQUEST_BUFFER_BYTES)
+    cli.run([*argv, f"{application[0]}:{application[2]}"])
+
+
+def _env_workers() -> int:
+    value = os.environ.get("COMMINSIGHT_SERVER_WORKERS", "1")
+    if not value.strip().isdigit():
+        raise CommandError(f"COMMINSIGHT_SERVER_WORKERS must be a whole number, not {value!r}")
+    return int(value)
+
+
+def _fd_spec(value: str) -> tuple[int, str]:
+    fd, _, domain = value.partition(":")
+    if not fd.isdigit() or domain not in ("INET", "INET6"):
+        raise CommandError(f"--inherit-fd takes FD:INET or FD:INET6, not {value!r}")
+    return int(fd), domain
+
+
+def bind(listen: str) -> socket.socket:
+    """A listening TCP socket for ``host:port``, inheritable by the worker processes."""
+    daphne_endpoint(listen)  # same validation and message as the single-process path
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        sock = socket.create_server((host, int(port)), family=family, backlog=1024)
+    except OSError as exc:
+        raise CommandError(f"cannot listen on {listen}: {exc}") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_workers(count: int, sockets: list[socket.socket]) -> None:
+    """Start ``count`` Daphne workers on ``sockets``; stop them all on SIGTERM/SIGINT or when one dies."""
+    specs = [f"{s.fileno()}:{'INET6' if s.family == socket.AF_INET6 else 'INET'}" for s in sockets]
+    command = [sys.executable, "-m", "django", "serve", *(arg for spec in specs for arg in ("--inherit-fd", spec))]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "")}
+    fds = tuple(s.fileno() for s in sockets)
+    children = [subprocess.Popen(command, cwd=settings.BASE_DIR, env=env, pass_fds=fds) for _ in range(count)]
+    stopping = threading.Event()
+
+    def stop(signum: int, frame: object) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        while not stopping.is_set() and all(child.poll() is None for child in children):
+            time.sleep(0.2)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
+        for child in children:
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        for s in sockets:
+            s.close()
+    if not stopping.is_set():
+        raise CommandError("a server worker exited; all workers were stopped")
