@@ -1,1 +1,0 @@
-"""Exports of the operations table to other tools' formats (Perfetto / Chrome trace)."""
