@@ -9,7 +9,8 @@ Starts the real site (`manage.py serve`, Daphne) in a subprocess on a temporary 
 Prints MB/s and the ratio to the copy, and p50/p99 latency against the single-client baseline.
 Targets (DESIGN §9): ingest >= 200 MB/s on loopback; API p99 < 100 ms with 50 agents uploading.
 
-Run: .venv/bin/python bench/site_ingest.py [--size-mib 256] [--chunk-mib 8] [--clients 50] [--rounds 20]
+Run: .venv/bin/python bench/site_ingest.py [--size-mib 256] [--chunk-mib 8] [--workers 1] [--clients 50]
+     [--rounds 20]
 Uses SQLite in the temporary data directory unless BENCH_DATABASE_URL is set (a database it may migrate).
 """
 
@@ -124,6 +125,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=256)
     parser.add_argument("--chunk-mib", type=int, default=8, help="client chunk (the agent's default is 8 MiB)")
+    parser.add_argument("--workers", type=int, default=1, help="server processes (manage.py serve --workers)")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
@@ -144,7 +146,11 @@ def main() -> None:
         manage(env, "shell", "-c", "from apps.accounts.models import User; User.objects.create(username='bench')")
         token = manage(env, "agent_token", "create", "--owner", "bench", "--name", "bench").strip()
         server = subprocess.Popen(
-            [sys.executable, "manage.py", "serve", "--no-migrate", "--listen", f"127.0.0.1:{port}"],
+            [
+                sys.executable,
+                *("manage.py", "serve", "--no-migrate", "--listen", f"127.0.0.1:{port}"),
+                *("--workers", str(args.workers)),
+            ],
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -187,6 +193,7 @@ def main() -> None:
                 f"latency  {args.clients} agents: p50 {crowd_p50:7.1f} ms  p99 {p99_crowd * 1e3:7.1f} ms"
                 f"   baseline 1 agent: p50 {statistics.median(alone) * 1e3:6.1f} ms  p99 {p99_alone * 1e3:6.1f} ms"
                 f"   ratio p99 {p99_crowd / p99_alone:.1f}x   (target p99 < 100 ms)   "
+                f"{args.workers} server worker(s)   "
                 f"errors {len(alone_errors) + len(crowd_errors)} of {len(alone) + len(crowd)}"
             )
             for kind in ("heartbeat", "head", "create"):

@@ -29,7 +29,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 from django.conf import settings
 from django.db import transaction
@@ -338,16 +337,3 @@ def stale_stored_archives(older_than_s: float = 600, max_attempts: int = 10) -> 
 def workload_parquet_files(workload: Workload) -> list[Path]:
     """The Parquet files of a workload (for analyses: read them with polars/DuckDB)."""
     return sorted((store_dir() / f"workload-{workload.pk}").glob("node-*/rank-*/*.parquet"))
-
-
-def workload_store_bytes(workload: Workload) -> int:
-    return sum(p.stat().st_size for p in workload_parquet_files(workload))
-
-
-def read_workload_operations(workload: Workload) -> pa.Table:
-    files = workload_parquet_files(workload)
-    if not files:
-        from comminsight.evidence.schema import empty_table
-
-        return empty_table()
-    return pa.concat_tables(pq.read_table(f) for f in files)

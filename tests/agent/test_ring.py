@@ -9,7 +9,7 @@ import pytest
 from pywriter import make_records
 
 from comminsight.formats import header
-from comminsight.formats.ring import RingError, RingReader, RingWriter, create_ring, fast_checksums
+from comminsight.formats.ring import RingError, RingReader, RingWriter, create_ring
 
 C = header.constants()
 
@@ -21,9 +21,20 @@ def ring_with(path: Path, n: int, capacity: int = 16) -> RingWriter:
     return writer
 
 
-def test_fast_checksum_matches_the_contract_definition() -> None:
+def fnv1a_words(record: np.void) -> int:
+    """The header's definition, one record at a time: FNV-1a over its u32 words, checksum word as zero."""
+    words = np.frombuffer(record.tobytes(), "<u4").copy()
+    words[1] = 0
+    h = 2166136261
+    for word in words.tolist():
+        h = ((h ^ word) * 16777619) & 0xFFFFFFFF
+    return h
+
+
+def test_record_checksums_match_the_contract_definition() -> None:
     records = make_records(100)
-    assert np.array_equal(fast_checksums(records), header.record_checksums(records))
+    assert header.record_checksums(records).tolist() == [fnv1a_words(r) for r in records]
+    assert header.record_checksums(records[:0]).tolist() == []
 
 
 def test_reader_returns_committed_records_in_order_as_columns(tmp_path: Path) -> None:

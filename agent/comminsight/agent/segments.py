@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 
 from comminsight.formats import header
-from comminsight.formats.ring import verify
 
 SEALED_SUFFIX = ".sealed"
 OPEN_SUFFIX = ".cilog"
@@ -82,7 +81,7 @@ def records_from_bytes(raw: bytes | memoryview) -> tuple[np.ndarray, int, int]:
     records = np.frombuffer(raw, dtype=header.record_dtype(), count=whole)
     if whole == 0:
         return records, 0, 0
-    ok = verify(records)
+    ok = header.valid_records(records)
     corrupt = int(whole - np.count_nonzero(ok))
     return (records[ok] if corrupt else records), whole, corrupt
 

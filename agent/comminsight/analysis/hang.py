@@ -405,22 +405,25 @@ def _p2p(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     return counts, ops.select(list(ops_schema)).cast(ops_schema)  # type: ignore[arg-type]
 
 
-def _earliest_pending(coll: pl.DataFrame, per_rank: pl.DataFrame, p2p_ops: pl.DataFrame) -> dict[int, dict]:
-    """Per rank, its first pending operation in its own program order (collective or P2P).
+def _earliest_pending(
+    coll: pl.DataFrame, per_rank: pl.DataFrame, p2p_ops: pl.DataFrame, ranks: set[int]
+) -> dict[int, dict]:
+    """Per rank of ``ranks``, its first pending operation in its own program order (collective or P2P).
 
     Program order is the enqueue (else start) time; without times, the source's record id (Flight
     Recorder numbers a rank's entries in issue order). A rank whose pending rows carry neither is
     left out: nothing says which of its operations came first.
     """
     keys = ["comm_id", "seq_kind", "sop", "rank"]
+    wanted = pl.col("rank").is_in(sorted(ranks))
     coll_pending = (
-        coll.filter((pl.col("state") != "completed") & (pl.col("op") != PROGRESS_OP))
+        coll.filter((pl.col("state") != "completed") & (pl.col("op") != PROGRESS_OP) & wanted)
         .join(per_rank.select(*keys, "watermark"), on=keys, how="left")
         .filter(pl.col("watermark").is_null() | (pl.col("seq") > pl.col("watermark")))
         .select(*keys, "seq", "op", _ORDER.alias("t"), "record_id")
         .with_columns(pl.lit(None, pl.Int32).alias("peer"), pl.lit(False).alias("is_p2p"))
     )
-    p2p_pending = p2p_ops.select(
+    p2p_pending = p2p_ops.filter(wanted).select(
         "comm_id",
         pl.lit("p2p").alias("seq_kind"),
         pl.lit("").alias("sop"),
@@ -535,7 +538,7 @@ def _chain(roots: list[int], edges: dict[int, set[int]], blocked_by: dict[int, l
                 "op": g["op"],
                 "seq": g["seq"],
                 "kind": g["kind"],
-                "waiting_ranks": g["waiting_ranks"][:_MAX_LISTED],
+                "waiting_ranks": [w for w in g["waiting_ranks"] if w != rank][:_MAX_LISTED],
             }
             for g in blocked_by.get(rank, [])
         ]
@@ -611,7 +614,6 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
     at = _ops_at(coll, stuck)
     mism = _mismatches(coll, at)
     p2p, p2p_ops = _p2p(rest)
-    first_pending = _earliest_pending(coll, per_rank, p2p_ops)
 
     # Representative op/shape/dtype at each blocking seq: the most common among the ranks there.
     # Ties (e.g. all_to_all, whose split sizes differ per rank) go to the lowest rank.
@@ -727,6 +729,10 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
             for w in waiters:
                 if w != b:
                     edges[w].add(b)
+
+    # Program order matters only for the ranks others wait for and the ranks in pending P2P pairs.
+    needed = set(blocked_by) | set(p2p_ops.get_column("rank").unique().to_list())
+    first_pending = _earliest_pending(coll, per_rank, p2p_ops, needed)
 
     for row in p2p.iter_rows(named=True):
         sends, recvs = int(row["sends"]), int(row["recvs"])

@@ -92,13 +92,6 @@ class Board:
             time.sleep(poll_s)
             poll_s = min(poll_s * 2, max(max_poll_s, poll_s))
 
-    def arrive_and_wait(self, first_slot: int, n_members: int, slot: int, arrival_ns: int) -> np.ndarray:
-        """Publish this member's arrival, then wait until all ``n_members`` arrived; returns the arrivals."""
-        members = self.arrivals[first_slot : first_slot + n_members]
-        members[slot] = arrival_ns
-        self.wait(lambda: bool(np.all(members != 0)), max_poll_s=RENDEZVOUS_POLL_S)
-        return np.array(members)
-
     def close(self) -> None:
         """Flush and unmap."""
         self.array.flush()

@@ -306,6 +306,24 @@ static ncclResult_t ci_finalize(void* ctx) {
     return 0;
 }
 
+/* ---------------- event start: one mapping for both ABIs ---------------- */
+
+/* The events v4 and v5 both deliver. Their descriptor types differ, but the members read here keep
+ * the same names in both, so one case list serves both startEvent entry points. */
+#define CI_START_SHARED_EVENTS(c, d, handle)                                                                        \
+    case ncclProfileColl:                                                                                          \
+        *(handle) = op_start((c), (d)->parentObj, CI_KIND_COLL, (d)->coll.seqNumber, (d)->coll.func,                \
+                             (d)->coll.count, (d)->coll.root, (d)->coll.datatype, (d)->coll.nChannels,              \
+                             (d)->coll.algo, (d)->coll.proto);                                                     \
+        break;                                                                                                     \
+    case ncclProfileP2p:                                                                                           \
+        *(handle) = op_start((c), (d)->parentObj, CI_KIND_P2P, p2p_seq((c), (d)->p2p.func, (d)->p2p.peer),         \
+                             (d)->p2p.func, (d)->p2p.count, (d)->p2p.peer, (d)->p2p.datatype, (d)->p2p.nChannels,  \
+                             NULL, NULL);                                                                          \
+        break;                                                                                                     \
+    case ncclProfileKernelCh: *(handle) = child_start((d)->parentObj, TAG_KCH, (d)->kernelCh.pTimer); break;       \
+    case ncclProfileProxyOp: *(handle) = child_start((d)->parentObj, TAG_PROXY, 0); break
+
 /* ---------------- ABI v5 ---------------- */
 
 static ncclResult_t v5_init(void** ctx, uint64_t comm_id, int* mask, const char* name, int nnodes, int nranks,
@@ -319,16 +337,7 @@ static ncclResult_t v5_start(void* ctx, void** handle, ncclProfilerEventDescr_v5
     if (ctx == NULL || d == NULL || ci_rt == NULL) return 0;
     ci_comm* c = ctx;
     switch (d->type) {
-    case ncclProfileColl:
-        *handle = op_start(c, d->parentObj, CI_KIND_COLL, d->coll.seqNumber, d->coll.func, d->coll.count,
-                           d->coll.root, d->coll.datatype, d->coll.nChannels, d->coll.algo, d->coll.proto);
-        break;
-    case ncclProfileP2p:
-        *handle = op_start(c, d->parentObj, CI_KIND_P2P, p2p_seq(c, d->p2p.func, d->p2p.peer), d->p2p.func,
-                           d->p2p.count, d->p2p.peer, d->p2p.datatype, d->p2p.nChannels, NULL, NULL);
-        break;
-    case ncclProfileKernelCh: *handle = child_start(d->parentObj, TAG_KCH, d->kernelCh.pTimer); break;
-    case ncclProfileProxyOp: *handle = child_start(d->parentObj, TAG_PROXY, 0); break;
+    CI_START_SHARED_EVENTS(c, d, handle);
     case ncclProfileCollApi: *handle = api_handle(d->collApi.stream); break;
     case ncclProfileP2pApi: *handle = api_handle(d->p2pApi.stream); break;
     default: break; /* Group, GroupApi, KernelLaunch, ProxyStep, ProxyCtrl, NetPlugin: not needed */
@@ -353,16 +362,7 @@ static ncclResult_t v4_start(void* ctx, void** handle, ncclProfilerEventDescr_v4
     if (ctx == NULL || d == NULL || ci_rt == NULL) return 0;
     ci_comm* c = ctx;
     switch (d->type) {
-    case ncclProfileColl:
-        *handle = op_start(c, d->parentObj, CI_KIND_COLL, d->coll.seqNumber, d->coll.func, d->coll.count,
-                           d->coll.root, d->coll.datatype, d->coll.nChannels, d->coll.algo, d->coll.proto);
-        break;
-    case ncclProfileP2p:
-        *handle = op_start(c, d->parentObj, CI_KIND_P2P, p2p_seq(c, d->p2p.func, d->p2p.peer), d->p2p.func,
-                           d->p2p.count, d->p2p.peer, d->p2p.datatype, d->p2p.nChannels, NULL, NULL);
-        break;
-    case ncclProfileKernelCh: *handle = child_start(d->parentObj, TAG_KCH, d->kernelCh.pTimer); break;
-    case ncclProfileProxyOp: *handle = child_start(d->parentObj, TAG_PROXY, 0); break;
+    CI_START_SHARED_EVENTS(c, d, handle);
     default: break;
     }
     return 0;

@@ -77,7 +77,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: object, **options: object) -> None:
         if options["inherit_fd"]:
-            run_daphne([f"fd:fileno={int(fd)}:domain={domain}" for fd, domain in map(_fd_spec, options["inherit_fd"])])
+            run_daphne([f"{ADOPT}:{fd}:{domain}" for fd, domain in map(_fd_spec, options["inherit_fd"])])
             return
         workers = int(options["workers"])
         if workers < 1:
@@ -113,8 +113,26 @@ class Command(BaseCommand):
         run_workers(workers, [bind(address) for address in addresses])
 
 
+ADOPT = "comminsight-adopt"
+
+
+def _server_from_string(reactor: object, description: str) -> object:
+    """Daphne's endpoint parser, plus ``comminsight-adopt:FD:INET|INET6`` for a socket inherited from the
+    supervising ``serve --workers`` (this Twisted has no string form for adopting a listening socket)."""
+    from twisted.internet.endpoints import AdoptedStreamServerEndpoint, serverFromString
+
+    prefix, _, rest = description.partition(":")
+    if prefix != ADOPT:
+        return serverFromString(reactor, description)
+    fd, domain = _fd_spec(rest)
+    return AdoptedStreamServerEndpoint(reactor, fd, socket.AF_INET6 if domain == "INET6" else socket.AF_INET)
+
+
 def run_daphne(endpoints: list[str]) -> None:
+    import daphne.server
     from daphne.cli import CommandLineInterface
+
+    daphne.server.serverFromString = _server_from_string  # type: ignore[assignment]
 
     argv = [arg for endpoint in endpoints for arg in ("-e", endpoint)]
     application = settings.ASGI_APPLICATION.rpartition(".")
