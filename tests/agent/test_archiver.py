@@ -122,3 +122,4 @@ def test_unusable_segments_are_quarantined_not_archived(tmp_path: Path) -> None:
     assert entry.records == 10
     assert (tmp_path / "state" / "quarantine" / "junk.cilog.sealed").exists()
     assert a.stats.quarantined == 1
+    assert a.stats.segments == 1  # the quarantined file is not counted as archived

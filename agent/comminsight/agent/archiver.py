@@ -202,7 +202,8 @@ class Archiver:
                 continue
             members.append(ArchiveMember(name, path=path))
             inputs.append(str(path))
-        if not any(m.name.startswith("segments/") for m in members) and not (final and members):
+        segment_count = sum(m.name.startswith("segments/") for m in members)  # quarantined ones excluded
+        if not segment_count and not (final and members):
             return None  # hang files alone wait for the next segment (or the final seal)
         now = time.time_ns()
         first_ns = first_ns or now
@@ -248,13 +249,13 @@ class Archiver:
         self.dropped_since_seal = {"ring": 0, "lost": 0}
         self.stats.archives += 1
         self.stats.records += records_total
-        self.stats.segments += len(sealed)
+        self.stats.segments += segment_count
         self.stats.last_seal_ns = now
         self.stats.last_archive = name
         log.info(
             "sealed %s: %d segments, %d records, sha256 %s",
             name,
-            sum(m.name.startswith("segments/") for m in members),
+            segment_count,
             records_total,
             written.sha256,
         )
