@@ -9,9 +9,11 @@ all-or-nothing: a load either returns the whole table or raises; it never writes
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import import_module
+from itertools import islice
 from pathlib import Path
 
 import pyarrow as pa
@@ -39,6 +41,43 @@ _BUILTIN_MODULES = (
     "comminsight.importers.nccl_inspector",
     "comminsight.importers.table",
 )
+
+
+# A directory of evidence holds one file per rank (or a few segments per process): 65,536 is far
+# beyond any job we know, and keeps a hostile directory from being listed without end.
+MAX_DIRECTORY_ENTRIES = 65536
+# Detection looks at this many candidate files at most.
+DETECT_SAMPLE = 256
+
+
+def _candidates(directory: Path) -> Iterator[Path]:
+    """Regular, non-hidden files of ``directory`` in name order, refusing directories over the cap."""
+    entries = []
+    with os.scandir(directory) as scan:
+        for entry in scan:
+            entries.append(entry)
+            if len(entries) > MAX_DIRECTORY_ENTRIES:
+                raise EvidenceError(
+                    f"{directory}: more than {MAX_DIRECTORY_ENTRIES} entries; import a smaller directory"
+                )
+    for entry in sorted(entries, key=lambda e: e.name):
+        if not entry.name.startswith(".") and entry.is_file(follow_symlinks=False):
+            yield Path(entry.path)
+
+
+def evidence_files(path: Path, accept: Callable[[Path], bool]) -> list[Path]:
+    """``[path]`` for a file; for a directory, its files that ``accept`` recognises (capped, name order)."""
+    if path.is_file():
+        return [path]
+    return [candidate for candidate in _candidates(path) if accept(candidate)]
+
+
+def directory_holds(path: Path, accept: Callable[[Path], bool]) -> bool:
+    """Whether one of the first DETECT_SAMPLE files of directory ``path`` is recognised by ``accept``."""
+    try:
+        return any(accept(candidate) for candidate in islice(_candidates(path), DETECT_SAMPLE))
+    except (OSError, EvidenceError):
+        return False
 
 
 def register(importer: Importer) -> Importer:

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from comminsight.evidence import PROGRESS_OP
-from comminsight.importers import EvidenceError, Importer, register
+from comminsight.importers import EvidenceError, Importer, directory_holds, evidence_files, register
 from comminsight.importers.columns import concat, paused_gc, to_table
 from comminsight.importers.normalise import ITEMSIZE, dtype_name, map_distinct, ops, shape_text, trailing_int
 
@@ -83,16 +83,9 @@ def _is_dump_file(path: Path) -> bool:
 
 
 def _dump_files(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    files = []
-    for child in sorted(path.iterdir()):
-        if child.name.startswith(".") or not child.is_file():
-            continue
-        if _is_dump_file(child):
-            files.append(child)
-            if len(files) > MAX_FILES:
-                raise EvidenceError(f"{path}: more than {MAX_FILES} dump files")
+    files = evidence_files(path, _is_dump_file)
+    if len(files) > MAX_FILES:
+        raise EvidenceError(f"{path}: more than {MAX_FILES} dump files")
     return files
 
 
@@ -100,16 +93,7 @@ def detect(path: Path) -> bool:
     """A dump file, or a directory holding at least one (looks at names and first bytes only)."""
     if path.is_file():
         return _is_dump_file(path)
-    if path.is_dir():
-        checked = 0
-        for child in sorted(path.iterdir()):
-            if child.is_file() and not child.name.startswith("."):
-                if _is_dump_file(child):
-                    return True
-                checked += 1
-                if checked >= 64:
-                    break
-    return False
+    return path.is_dir() and directory_holds(path, _is_dump_file)
 
 
 def _read(path: Path) -> dict:

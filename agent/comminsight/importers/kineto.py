@@ -33,7 +33,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from comminsight.importers import EvidenceError, Importer, register
+from comminsight.importers import EvidenceError, Importer, directory_holds, evidence_files, register
 from comminsight.importers.columns import concat, paused_gc, to_table
 from comminsight.importers.normalise import dtypes, itemsizes, map_distinct, ops
 
@@ -79,9 +79,7 @@ def _is_trace(path: Path) -> bool:
 
 
 def _trace_files(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    return [p for p in sorted(path.iterdir()) if p.is_file() and not p.name.startswith(".") and _is_trace(p)]
+    return evidence_files(path, _is_trace)
 
 
 def detect(path: Path) -> bool:
@@ -89,7 +87,7 @@ def detect(path: Path) -> bool:
     if path.is_file():
         return _is_trace(path)
     if path.is_dir():
-        return any(_is_trace(p) for p in sorted(path.iterdir())[:256] if p.is_file())
+        return directory_holds(path, _is_trace)
     return False
 
 

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from comminsight.importers import EvidenceError, Importer, register
+from comminsight.importers import EvidenceError, Importer, directory_holds, evidence_files, register
 from comminsight.importers.columns import to_table
 from comminsight.importers.normalise import op_name, ops
 
@@ -84,9 +84,7 @@ def _is_log(path: Path) -> bool:
 
 
 def _logs(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    return [p for p in sorted(path.iterdir()) if p.is_file() and not p.name.startswith(".") and _is_log(p)]
+    return evidence_files(path, _is_log)
 
 
 def detect(path: Path) -> bool:
@@ -94,7 +92,7 @@ def detect(path: Path) -> bool:
     if path.is_file():
         return _is_log(path)
     if path.is_dir():
-        return any(_is_log(p) for p in sorted(path.iterdir())[:256] if p.is_file())
+        return directory_holds(path, _is_log)
     return False
 
 

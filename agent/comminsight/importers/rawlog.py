@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from comminsight.formats import rawlog as rawlog_format
 from comminsight.formats.header import constants
-from comminsight.importers import EvidenceError, Importer, register
+from comminsight.importers import EvidenceError, Importer, directory_holds, evidence_files, register
 from comminsight.importers.columns import to_table
 from comminsight.importers.normalise import dtypes, ops
 
@@ -46,7 +46,7 @@ def _segments(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     directory = path / "inspector_logs" if (path / "inspector_logs").is_dir() else path
-    found = [p for p in sorted(directory.iterdir()) if p.is_file() and _is_segment_name(p)]
+    found = evidence_files(directory, _is_segment_name)
     if len(found) > MAX_SEGMENTS:
         raise EvidenceError(f"{path}: more than {MAX_SEGMENTS} segments")
     return found
@@ -58,7 +58,7 @@ def detect(path: Path) -> bool:
         return _is_segment_name(path) and _has_magic(path)
     if path.is_dir():
         directory = path / "inspector_logs" if (path / "inspector_logs").is_dir() else path
-        return any(_is_segment_name(p) and _has_magic(p) for p in sorted(directory.iterdir())[:256] if p.is_file())
+        return directory_holds(directory, lambda p: _is_segment_name(p) and _has_magic(p))
     return False
 
 
