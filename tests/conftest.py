@@ -55,3 +55,14 @@ def personas(db, persona_password_hash) -> Personas:
     issued = agent_token_create(owner=alice, name="node-pool-a")
     carol_issued = agent_token_create(owner=carol, name="carol-pool")
     return Personas(root, admin, alice, bob, carol, workload, other, issued.token, issued.secret, carol_issued.secret)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """Run the browser tests last.
+
+    Playwright's sync API keeps an event loop running in the main thread for the rest of the
+    session once a browser starts, and Django's async_to_sync (Channels tests) refuses to run
+    beside a running loop. After pytest-django's own ordering, move them to the end.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)

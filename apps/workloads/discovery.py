@@ -9,6 +9,7 @@ A file already registered under the same path, size and modification time is not
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -34,29 +35,61 @@ def discovery_owner(settings_row: SystemSettings) -> User | None:
     return settings_row.discovery_owner or User.objects.filter(role=Role.ROOT).first()
 
 
-def discover_archives() -> int:
-    """Register every new archive under the discovery root; return how many were new."""
+@dataclass
+class DiscoveryScan:
+    """What one scan saw: ``problem`` says why nothing was scanned (no path, no owner, no directory)."""
+
+    root: Path | None
+    owner: str = ""
+    problem: str = ""
+    queued: list[Path] = field(default_factory=list)  # newly registered; ingest queued
+    known: list[Path] = field(default_factory=list)  # registered before (same path, size, mtime or bytes)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)  # (path, why)
+
+    @property
+    def found(self) -> int:
+        return len(self.queued) + len(self.known) + len(self.skipped)
+
+
+def discovery_scan(archive_path: Path | str | None = None) -> DiscoveryScan:
+    """Scan once: register every new archive under the discovery root and queue its ingest.
+
+    ``archive_path`` replaces System Settings' archive path for this scan only (the setting is unchanged);
+    the scan looks under ``<archive path>/comminsight/02_archives`` either way.
+    """
     row = SystemSettings.load()
-    root = discovery_root(row)
+    root = Path(archive_path) / ARCHIVE_SUBDIR if archive_path else discovery_root(row)
+    scan = DiscoveryScan(root=root)
     owner = discovery_owner(row)
-    if root is None or owner is None or not root.is_dir():
-        return 0
-    registered = 0
+    if root is None:
+        scan.problem = "no archive path: set one in System Settings or pass one"
+        return scan
+    if owner is None:
+        scan.problem = "no owner for discovered archives: no discovery owner is set and no root account exists"
+        return scan
+    scan.owner = owner.username
+    if not root.is_dir():
+        scan.problem = f"{root} is not a directory"
+        return scan
     for index, path in enumerate(sorted(root.rglob("*.tar.zst"))):
         if index >= MAX_FILES_PER_SCAN:
             logger.warning("discovery stopped after %d files under %s", MAX_FILES_PER_SCAN, root)
+            scan.skipped.append((path, f"over {MAX_FILES_PER_SCAN} files in one scan; the next scan continues"))
             break
         # Regular files only: a symlink could point anywhere on the server.
         if path.is_symlink() or not path.is_file():
+            scan.skipped.append((path, "not a regular file"))
             continue
         stat = path.stat()
         mtime = datetime.fromtimestamp(stat.st_mtime, tz=UTC)
         if Archive.objects.filter(Q(path=str(path)) & Q(size=stat.st_size) & Q(file_mtime=mtime)).exists():
+            scan.known.append(path)
             continue
         try:
             sha256 = file_sha256(path)
         except OSError as exc:
             logger.warning("discovery cannot read %s: %s", path, exc)
+            scan.skipped.append((path, f"unreadable: {exc.strerror or exc}"))
             continue
         _, created = archive_register(
             source_path=path,
@@ -68,5 +101,10 @@ def discover_archives() -> int:
             keep_in_place=True,
             file_mtime=mtime,
         )
-        registered += int(created)
-    return registered
+        (scan.queued if created else scan.known).append(path)
+    return scan
+
+
+def discover_archives() -> int:
+    """Register every new archive under the discovery root; return how many were new (the periodic task)."""
+    return len(discovery_scan().queued)

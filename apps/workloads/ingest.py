@@ -242,12 +242,12 @@ def _publish(staged: StagedArchive, workload: Workload, archive: Archive) -> lis
     return published
 
 
-def _apply_metadata(staged: StagedArchive, archive: Archive) -> Workload:
-    facts = staged.facts
+def workload_facts_apply(workload: Workload, facts: ManifestFacts) -> Node:
+    """Merge what one node reported (its ranks, communicators, time range) into ``workload``; return the node.
+
+    Shared by archive ingest and ``import_evidence`` so both keep the metadata the same way.
+    """
     now = timezone.now()
-    workload, _ = Workload.objects.get_or_create(
-        owner=archive.owner, external_id=facts.workload_id, defaults={"name": facts.workload_id, "first_seen_at": now}
-    )
     node, _ = Node.objects.get_or_create(workload=workload, name=facts.node)
     node.host = facts.host or node.host
     node.node_ip = facts.node_ip or node.node_ip
@@ -271,6 +271,16 @@ def _apply_metadata(staged: StagedArchive, archive: Archive) -> Workload:
     workload.last_seen_at = max(workload.last_seen_at or now, now)
     # Only these fields: heartbeats update the live fields of the same row concurrently.
     workload.save(update_fields=["first_ns", "last_ns", "first_seen_at", "last_seen_at", "updated_at"])
+    return node
+
+
+def _apply_metadata(staged: StagedArchive, archive: Archive) -> Workload:
+    facts = staged.facts
+    now = timezone.now()
+    workload, _ = Workload.objects.get_or_create(
+        owner=archive.owner, external_id=facts.workload_id, defaults={"name": facts.workload_id, "first_seen_at": now}
+    )
+    workload_facts_apply(workload, facts)
     archive.workload = workload
     archive.node = facts.node
     archive.record_count = staged.rows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -111,7 +112,12 @@ def test_communicators_with_the_same_members_are_named_in_creation_order():
     assert "0xother" not in names
 
 
-def test_malformed_metadata_files_are_skipped_with_a_warning(tmp_path, caplog):
+def test_malformed_metadata_files_are_skipped_with_a_warning(tmp_path, caplog, monkeypatch):
+    # Logging set-up elsewhere in the session (Celery's worker, for one) may have silenced these loggers.
+    for name in ("comminsight", "comminsight.torch_hook"):
+        monkeypatch.setattr(logging.getLogger(name), "propagate", True)
+        monkeypatch.setattr(logging.getLogger(name), "disabled", False)
+    caplog.set_level(logging.WARNING, logger="comminsight.torch_hook")
     metadata = tmp_path / "metadata"
     metadata.mkdir()
     (metadata / "process_groups-a-1.json").write_text("{not json")
