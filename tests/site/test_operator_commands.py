@@ -69,7 +69,7 @@ def test_archive_scan_registers_and_ingests_an_archive_dropped_in_the_path(
     drop.mkdir(parents=True)
     SystemSettings.objects.create(id=1, archive_path=str(shared), discovery_owner=personas.bob)
     (tmp_path / "w").mkdir()
-    dropped = valid_archive(tmp_path / "w").replace(drop / "job-7.tar.zst") or drop / "job-7.tar.zst"
+    dropped = valid_archive(tmp_path / "w").replace(drop / "job-7.tar.zst")
     with django_capture_on_commit_callbacks(execute=True):
         output = run("archive_scan")
     assert f"queued   {dropped}" in output
@@ -164,7 +164,9 @@ def test_a_missing_path_or_unknown_owner_is_refused(personas, tmp_path):
 def test_importing_into_another_owners_workload_is_refused(personas, gpu_error_1st, data_dir):
     before = (database_state(), store_files(data_dir))
     with pytest.raises(CommandError, match="belongs to another user"):
-        run("import_evidence", str(gpu_error_1st), "--workload", personas.other_workload.external_id, "--owner", "alice")
+        run(
+            "import_evidence", str(gpu_error_1st), "--workload", personas.other_workload.external_id, "--owner", "alice"
+        )
     assert (database_state(), store_files(data_dir)) == before
 
 
@@ -177,6 +179,18 @@ def test_a_failure_while_publishing_leaves_no_rows_and_no_staging(personas, gpu_
     monkeypatch.setattr(services, "_node_facts", broken, raising=True)
     before = (database_state(), store_files(data_dir))
     with pytest.raises(RuntimeError):
+        run("import_evidence", str(gpu_error_1st), "--workload", "fr-job", "--owner", "alice")
+    assert (database_state(), store_files(data_dir)) == before
+
+
+def test_an_evidence_directory_over_the_file_cap_is_refused_without_changes(
+    personas, gpu_error_1st, data_dir, monkeypatch
+):
+    from apps.workloads import services
+
+    monkeypatch.setattr(services, "MAX_IMPORT_FILES", 3)
+    before = (database_state(), store_files(data_dir))
+    with pytest.raises(CommandError, match="more than 3 files"):
         run("import_evidence", str(gpu_error_1st), "--workload", "fr-job", "--owner", "alice")
     assert (database_state(), store_files(data_dir)) == before
 
