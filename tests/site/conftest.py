@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -30,3 +31,41 @@ def celery_eager(request):
     app.conf.CELERY_TASK_EAGER_PROPAGATES = True
     yield
     app.conf.CELERY_TASK_ALWAYS_EAGER, app.conf.CELERY_TASK_EAGER_PROPAGATES = previous
+
+
+@pytest.fixture(scope="session")
+def _session_celery_worker(django_db_setup, django_db_blocker):
+    """One real Celery worker (a thread of this process, solo pool) for the whole session.
+
+    Started once: a second in-process worker in the same process stops taking tasks, so every test
+    that needs a real worker shares this one. It consumes a queue private to this test run, so other
+    suites' workers on the same Redis never take these tasks.
+    """
+    from celery.contrib.testing.worker import start_worker
+    from django.conf import settings
+    from django.db import connections
+
+    from comminsight_site.celery import app
+
+    if not settings.REDIS_URL:
+        pytest.skip("REDIS_URL is not set: no broker for a real worker")
+    queue = f"comminsight-test-{os.getpid()}"
+    saved = app.conf.CELERY_TASK_DEFAULT_QUEUE
+    app.conf.CELERY_TASK_DEFAULT_QUEUE = queue
+    with (
+        django_db_blocker.unblock(),
+        start_worker(app, pool="solo", concurrency=1, perform_ping_check=False, queues=[queue], shutdown_timeout=30),
+    ):
+        yield app
+    app.conf.CELERY_TASK_DEFAULT_QUEUE = saved
+    connections.close_all()
+
+
+@pytest.fixture
+def real_celery_worker(_session_celery_worker):
+    """The session's real worker, with tasks published to it instead of run eagerly."""
+    app = _session_celery_worker
+    saved = app.conf.CELERY_TASK_ALWAYS_EAGER
+    app.conf.CELERY_TASK_ALWAYS_EAGER = False
+    yield app
+    app.conf.CELERY_TASK_ALWAYS_EAGER = saved

@@ -10,13 +10,12 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.site.analysis_tables import hung_table, write_store
-from tests.site.test_celery_worker import real_celery_worker  # noqa: F401  (the fixture, shared)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 def test_a_real_worker_runs_the_hang_analysis_and_the_api_shows_the_verdict(
-    real_celery_worker,  # noqa: F811
+    real_celery_worker,
     personas,
     data_dir,
 ):

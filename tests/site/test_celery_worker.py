@@ -27,24 +27,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def real_celery_worker(settings):
-    if not settings.REDIS_URL:
-        pytest.skip("REDIS_URL is not set: no broker for a real worker")
-    from celery.contrib.testing.worker import start_worker
-
-    from comminsight_site.celery import app
-
-    queue = f"comminsight-test-{os.getpid()}"
-    saved = app.conf.CELERY_TASK_ALWAYS_EAGER, app.conf.CELERY_TASK_DEFAULT_QUEUE
-    app.conf.CELERY_TASK_ALWAYS_EAGER = False
-    app.conf.CELERY_TASK_DEFAULT_QUEUE = queue
-    with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False, queues=[queue], shutdown_timeout=30):
-        yield app
-    app.conf.CELERY_TASK_ALWAYS_EAGER, app.conf.CELERY_TASK_DEFAULT_QUEUE = saved
-    connection.close()
-
-
 def wait_for_state(archive_id: int, timeout_s: float = 60) -> str:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
