@@ -49,6 +49,7 @@ chromium:
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test-native: profiler
 	$(MAKE) -C native/profiler check
