@@ -35,10 +35,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from comminsight.agent.segments import SegmentError, parse_header, records_from_bytes
 from comminsight.evidence.schema import conform
 from comminsight.formats import header
 from comminsight.formats.archive import ArchiveError, ArchiveLimits, read_archive
+from comminsight.formats.rawlog import RawLogError as SegmentError
+from comminsight.formats.rawlog import parse_header, records_from_bytes
 
 from .models import Archive, ArchiveSource, ArchiveState, Communicator, Node, Rank, Workload
 

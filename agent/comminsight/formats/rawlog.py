@@ -66,7 +66,10 @@ def _check_header(path: Path, fields: dict[str, Any], magic_name: str, size_name
         raise RawLogError(f"{path}: bad magic {fields['magic']:#x}, not a CommInsight {magic_name[3:7].lower()} file")
     if fields["version"] != const["CI_FORMAT_VERSION"]:
         known = const["CI_FORMAT_VERSION"]
-        raise RawLogError(f"{path}: format version {fields['version']} (this reader knows {known})")
+        raise RawLogError(
+            f"{path}: unsupported version {fields['version']} (the file says format version {fields['version']}; "
+            f"this reader knows {known})"
+        )
     if fields["header_size"] != const[size_name] or fields["record_size"] != const["CI_RECORD_SIZE"]:
         raise RawLogError(
             f"{path}: header_size {fields['header_size']} / record_size {fields['record_size']} do not match "
@@ -82,6 +85,49 @@ def _table(records: np.ndarray, constant_columns: dict[str, Any]) -> pa.Table:
     return table
 
 
+@dataclass(frozen=True)
+class SegmentHeader:
+    """The decoded ``ci_log_header`` of a segment."""
+
+    pid: int
+    start_ns: int
+    segment_index: int
+    local_rank: int
+    global_rank: int
+    world_size: int
+    host: str
+    workload_id: str
+    node_ip: str
+
+
+def _segment_fields(raw: bytes | memoryview, path: Path) -> dict[str, Any]:
+    """The header fields of a segment's first bytes, validated; RawLogError when they cannot be trusted."""
+    hdr_dtype = header.struct_dtype("ci_log_header")
+    if len(raw) < hdr_dtype.itemsize:
+        raise RawLogError(f"{path}: {len(raw)} bytes, shorter than the {hdr_dtype.itemsize}-byte segment header")
+    fields = _decode_header(np.frombuffer(raw, hdr_dtype, count=1)[0])
+    _check_header(path, fields, "CI_LOG_MAGIC", "CI_LOG_HEADER_SIZE")
+    return fields
+
+
+def parse_header(raw: bytes | memoryview, path: Path) -> SegmentHeader:
+    """Validate and decode a segment header (the first CI_LOG_HEADER_SIZE bytes of ``raw``)."""
+    fields = _segment_fields(raw, path)
+    return SegmentHeader(**{name: fields[name] for name in SegmentHeader.__dataclass_fields__})
+
+
+def records_from_bytes(raw: bytes | memoryview) -> tuple[np.ndarray, int, int]:
+    """(valid records, whole records examined, corrupt count) of a records region; a torn tail is ignored."""
+    rec_size = header.constants()["CI_RECORD_SIZE"]
+    whole = len(raw) // rec_size
+    records = np.frombuffer(raw, dtype=header.record_dtype(), count=whole)
+    if whole == 0:
+        return records, 0, 0
+    ok = header.valid_records(records)
+    corrupt = int(whole - np.count_nonzero(ok))
+    return (records[ok] if corrupt else records), whole, corrupt
+
+
 def read_segment(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Segment:
     """Reads one raw-log segment (``.cilog`` or ``.cilog.sealed``).
 
@@ -90,16 +136,9 @@ def read_segment(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Segmen
     """
     path = Path(path)
     data = _read_bytes(path, max_bytes)
-    hdr_dtype = header.struct_dtype("ci_log_header")
-    if len(data) < hdr_dtype.itemsize:
-        raise RawLogError(f"{path}: {len(data)} bytes, shorter than the {hdr_dtype.itemsize}-byte segment header")
-    fields = _decode_header(np.frombuffer(data, hdr_dtype, count=1)[0])
-    _check_header(path, fields, "CI_LOG_MAGIC", "CI_LOG_HEADER_SIZE")
-    rec_dtype = header.record_dtype()
-    body = len(data) - hdr_dtype.itemsize
-    count, torn = divmod(body, rec_dtype.itemsize)
-    records = np.frombuffer(data, rec_dtype, count=count, offset=hdr_dtype.itemsize)
-    valid = header.valid_records(records) if count else np.zeros(0, dtype=bool)
+    fields = _segment_fields(data, path)
+    body = memoryview(data)[header.constants()["CI_LOG_HEADER_SIZE"] :]
+    records, _, invalid = records_from_bytes(body)
     constants = {
         "host": fields["host"],
         "workload_id": fields["workload_id"],
@@ -108,7 +147,8 @@ def read_segment(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Segmen
         "segment_index": fields["segment_index"],
         "segment": path.name,
     }
-    return Segment(path, fields, _table(records[valid], constants), int((~valid).sum()), torn)
+    torn = len(body) % header.constants()["CI_RECORD_SIZE"]
+    return Segment(path, fields, _table(records, constants), invalid, torn)
 
 
 def read_ring(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Segment:

@@ -15,10 +15,11 @@ import numpy as np
 import pyarrow as pa
 import zstandard
 
-from comminsight.agent.segments import SegmentError, SegmentHeader, parse_header, records_from_bytes
 from comminsight.evidence.schema import conform, empty_table
 from comminsight.formats import header
 from comminsight.formats.archive import KIND, ArchiveError, read_archive
+from comminsight.formats.rawlog import RawLogError as SegmentError
+from comminsight.formats.rawlog import SegmentHeader, parse_header, records_from_bytes
 from comminsight.importers import EvidenceError, Importer, register
 
 _OPS = {
