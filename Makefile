@@ -15,11 +15,11 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
 setup: venv profiler frontend
 
-$(VENV)/.installed: requirements/base.txt requirements/dev.txt requirements/prod.txt agent/pyproject.toml
+$(VENV)/.installed: requirements/base.txt requirements/dev.txt requirements/prod.txt agent/pyproject.toml inject/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements/dev.txt
-	$(PIP) install -q -e ./agent
+	$(PIP) install -q -e ./inject -e ./agent
 	touch $@
 
 venv: $(VENV)/.installed
@@ -35,14 +35,28 @@ frontend:
 run: setup
 	$(PY) manage.py serve
 
-# Install the node side into a CommInsight home: the plugin NCCL loads (<home>/lib) and the agent
-# entry point the plugin autostarts (<home>/bin/comminsight-agent, this checkout's virtualenv).
+# Install the node side into a CommInsight home, standing alone (the checkout can be moved or deleted):
+#   <home>/lib/libnccl-profiler-comminsight.so        the plugin NCCL loads
+#   <home>/lib/comminsight_inject-*.whl               the import hook's wheel, for workload environments
+#   <home>/agent-env/                                  the agent's own virtualenv (pinned as requirements/base.txt)
+#   <home>/bin/comminsight-agent, <home>/bin/comminsight  entry points into it (the plugin autostarts the first)
+#   <home>/etc/comminsight.conf                        every key of the plugin and the agent, commented (kept if present)
 COMMINSIGHT_HOME ?= /opt/comminsight
+NODE_ENV := $(COMMINSIGHT_HOME)/agent-env
 install-node: venv profiler
 	$(MAKE) -C native/profiler install PREFIX=$(COMMINSIGHT_HOME)
-	install -d $(COMMINSIGHT_HOME)/bin $(COMMINSIGHT_HOME)/etc
-	ln -sf $(abspath $(VENV))/bin/comminsight-agent $(COMMINSIGHT_HOME)/bin/comminsight-agent
+	install -d $(COMMINSIGHT_HOME)/bin $(COMMINSIGHT_HOME)/etc $(COMMINSIGHT_HOME)/lib
+	rm -f $(COMMINSIGHT_HOME)/lib/comminsight_inject-*.whl
+	$(PIP) wheel -q --no-deps --no-build-isolation ./inject -w $(COMMINSIGHT_HOME)/lib
+	test -x $(NODE_ENV)/bin/python || $(PYTHON) -m venv $(NODE_ENV)
+	grep -v '\[' requirements/base.txt > $(NODE_ENV)/constraints.txt  # pip takes no extras in constraints
+	$(NODE_ENV)/bin/pip install -q --upgrade -c $(NODE_ENV)/constraints.txt \
+	  $(COMMINSIGHT_HOME)/lib/comminsight_inject-*.whl ./agent
+	ln -sfn ../agent-env/bin/comminsight-agent $(COMMINSIGHT_HOME)/bin/comminsight-agent
+	ln -sfn ../agent-env/bin/comminsight $(COMMINSIGHT_HOME)/bin/comminsight
+	test -e $(COMMINSIGHT_HOME)/etc/comminsight.conf || $(PY) scripts/node_conf.py > $(COMMINSIGHT_HOME)/etc/comminsight.conf
 	@echo "export NCCL_PROFILER_PLUGIN=$(COMMINSIGHT_HOME)/lib/libnccl-profiler-comminsight.so COMMINSIGHT_HOME=$(COMMINSIGHT_HOME)"
+	@echo "then, for each workload environment: $(COMMINSIGHT_HOME)/bin/comminsight inject install --python PATH"
 
 chromium:
 	@command -v /usr/bin/chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }

@@ -27,6 +27,17 @@ if ENVIRONMENT not in {"development", "production"}:
 PRODUCTION = ENVIRONMENT == "production"
 
 DATA_DIR = Path(env.str("COMMINSIGHT_SERVER_DATA_DIR", default=str(BASE_DIR / ".data"))).resolve()
+# Stored archives, the Parquet operations store and analysis artefacts (comminsight_site/objectstore.py):
+# empty = DATA_DIR, or s3://bucket/prefix with the standard AWS_* variables.
+STORAGE_URL = env.str("COMMINSIGHT_STORAGE_URL", default="")
+if STORAGE_URL and (urlsplit(STORAGE_URL).scheme != "s3" or not urlsplit(STORAGE_URL).netloc):
+    raise ImproperlyConfigured(f"COMMINSIGHT_STORAGE_URL must be empty or s3://bucket/prefix, not {STORAGE_URL!r}")
+STORAGE_S3 = {
+    "endpoint_url": env.str("AWS_ENDPOINT_URL", default=""),
+    "region": env.str("AWS_REGION", default=env.str("AWS_DEFAULT_REGION", default="us-east-1")),
+    "access_key": env.str("AWS_ACCESS_KEY_ID", default=""),
+    "secret_key": env.str("AWS_SECRET_ACCESS_KEY", default=""),
+}
 SERVER_LISTEN = env.str("COMMINSIGHT_SERVER_LISTEN", default="127.0.0.1:8000")
 # When set, the machine API (/api/v1/ingest/) is served only on this second listener (see docs/operators.md).
 SERVER_AGENT_LISTEN = env.str("COMMINSIGHT_SERVER_AGENT_LISTEN", default="")
@@ -38,7 +49,9 @@ if PRODUCTION:
     DEBUG = env.bool("DEBUG", default=False)
 else:
     SECRET_KEY = env.str("SECRET_KEY", default="django-insecure-development-only-never-use-in-production")
-    DEBUG = env.bool("DEBUG", default=True)
+    # Django's debug pages list every URL pattern and settings: on only when development is asked for
+    # explicitly (COMMINSIGHT_ENV=development), never for a plain `make run` that others may reach.
+    DEBUG = env.bool("DEBUG", default="COMMINSIGHT_ENV" in os.environ)
 
 _public_host = urlsplit(PUBLIC_URL).hostname if PUBLIC_URL else None
 _default_hosts = [_public_host] if _public_host else ([] if PRODUCTION else ["127.0.0.1", "localhost", "[::1]"])
@@ -63,6 +76,7 @@ INSTALLED_APPS = [
     "apps.accounts",
     "apps.workloads",
     "apps.analysis",
+    "apps.monitoring",
 ]
 
 MIDDLEWARE = [
@@ -265,11 +279,19 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 # --- Analysis jobs (apps/analysis) ----------------------------------------------------------------------------
 ANALYSIS_TASK_TIME_LIMIT_S = env.int("COMMINSIGHT_ANALYSIS_TASK_TIME_LIMIT_S", default=1800)
 
+# --- Monitoring time series (apps/monitoring) -----------------------------------------------------------------
+# Points and rollups older than this are purged by the periodic task (hourly).
+MONITORING_RETENTION_DAYS = env.float("COMMINSIGHT_MONITORING_RETENTION_DAYS", default=30.0)
+if MONITORING_RETENTION_DAYS <= 0:
+    raise ImproperlyConfigured("COMMINSIGHT_MONITORING_RETENTION_DAYS must be a positive number of days")
+
 CELERY_BEAT_SCHEDULE.update(
     {
         "discover-archives": {"task": "apps.workloads.tasks.discover_archives", "schedule": DISCOVERY_INTERVAL_S},
         "mark-lost-workloads": {"task": "apps.workloads.tasks.mark_lost_workloads", "schedule": 60.0},
         "requeue-stale-archives": {"task": "apps.workloads.tasks.requeue_stale_archives", "schedule": 300.0},
         "expire-abandoned-uploads": {"task": "apps.workloads.tasks.expire_abandoned_uploads", "schedule": 3600.0},
+        "purge-monitoring-points": {"task": "apps.monitoring.tasks.purge_expired_points", "schedule": 3600.0},
+        "materialize-monitoring-bands": {"task": "apps.monitoring.tasks.materialize_bands", "schedule": 60.0},
     }
 )

@@ -66,3 +66,40 @@ def pytest_collection_modifyitems(items):
     beside a running loop. After pytest-django's own ordering, move them to the end.
     """
     items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory) -> str:
+    """A real S3 server: the one `.ci/run` started (COMMINSIGHT_TEST_S3_ENDPOINT), else SeaweedFS for this session."""
+    import os
+
+    from tests import s3server
+
+    given = os.environ.get("COMMINSIGHT_TEST_S3_ENDPOINT", "")
+    if given:
+        yield given
+        return
+    server = s3server.start(tmp_path_factory.mktemp("seaweedfs"))
+    yield server.endpoint
+    server.stop()
+
+
+@pytest.fixture
+def s3_storage(settings, s3_endpoint) -> str:
+    """Points the site's object store at a prefix of its own in the test bucket; empties it afterwards."""
+    import uuid
+
+    from comminsight_site.objectstore import object_store
+    from tests import s3server
+
+    url = f"s3://{s3server.BUCKET}/t-{uuid.uuid4().hex[:12]}"
+    settings.STORAGE_URL = url
+    settings.STORAGE_S3 = {
+        "endpoint_url": s3_endpoint,
+        "region": "us-east-1",
+        "access_key": s3server.ACCESS_KEY,
+        "secret_key": s3server.SECRET_KEY,
+    }
+    yield url
+    store = object_store()
+    store.filesystem.delete_dir_contents(store.base, missing_dir_ok=True)

@@ -8,6 +8,7 @@ app_name = "accounts"
 urlpatterns = [
     path("", views.home, name="home"),
     path("init/", views.initialise, name="init"),
+    path("about/", views.about, name="about"),
     path("accounts/login/", views.SignInView.as_view(), name="login"),
     path("accounts/logout/", views.SignOutView.as_view(), name="logout"),
     path("accounts/password/", views.PasswordChangeView.as_view(), name="password_change"),

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
+import os
+import platform
+import subprocess
+
+import django
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse_lazy
-from django.views.decorators.http import require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from comminsight_site.charts import architecture_option
 
 from . import services
 from .forms import AgentTokenCreateForm, InitialiseForm, UserCreateForm
@@ -163,3 +173,50 @@ def agent_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     services.agent_token_revoke(actor=request.user, token=token)
     messages.success(request, f"Token {token.name} revoked; agents using it are refused from now on.")
     return redirect("accounts:tokens")
+
+
+@functools.cache
+def _build() -> str:
+    """The build this site runs: COMMINSIGHT_BUILD when the packager set it, else the checkout's commit."""
+    if os.environ.get("COMMINSIGHT_BUILD"):
+        return os.environ["COMMINSIGHT_BUILD"]
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=settings.BASE_DIR,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return result.stdout.strip() or "unknown"
+
+
+DOCS = [
+    ("README.md", "Quick start: the CLI, a node install, running the site"),
+    ("docs/site.md", "The site: pages, analyses, live updates, the demo job"),
+    ("docs/operators.md", "Operating the site: settings, commands, storage, upgrades"),
+    ("docs/agent.md", "The node agent"),
+    ("docs/profiler.md", "The NCCL profiler plugin"),
+    ("docs/analysis-hang.md", "How hangs are analysed"),
+    ("docs/analysis-stragglers.md", "How stragglers are found"),
+    ("docs/analysis-perf.md", "Communication performance"),
+    ("docs/simulator.md", "The simulator behind the demo job"),
+]
+
+
+@login_required
+@require_GET
+def about(request: HttpRequest) -> HttpResponse:
+    """Version, build, where the documentation is, and how the parts work together (a picture)."""
+    context = {
+        "version": importlib.metadata.version("comminsight"),
+        "build": _build(),
+        "django_version": django.get_version(),
+        "python_version": platform.python_version(),
+        "docs": DOCS,
+        "chart": architecture_option(),
+    }
+    return render(request, "accounts/about.html", context)

@@ -19,17 +19,19 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.dataset as ds
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from apps.accounts.models import User
-from apps.workloads.ingest import store_dir, workload_parquet_files
-from apps.workloads.models import Workload
+from apps.workloads.ingest import workload_metadata_dir, workload_parquet_files, workload_table_files
+from apps.workloads.live import publish_workload_changed
+from apps.workloads.models import SystemSettings, Workload
+from apps.workloads.names import operations_named
 from apps.workloads.selectors import workload_can_manage
 from comminsight.evidence.schema import SCHEMA, empty_table
+from comminsight_site.objectstore import object_store
 
 from .models import AnalysisJob, AnalysisKind, JobState, StepCalibration
 
@@ -100,7 +102,7 @@ PARAMETERS: dict[str, dict[str, Number | Flag]] = {
         "ignore_labels": Flag(False, "do not compare with the input's step labels"),
     },
     AnalysisKind.STRAGGLERS: {
-        "min_gain": Number(0.02, 0.0, 1.0, "smallest share of step time a culprit must save"),
+        "min_gain": Number(0.005, 0.0, 1.0, "resolution: no culprit saving less than this share of the step"),
         "ignore_labels": Flag(False, "use recovered steps even when labels exist"),
     },
     AnalysisKind.PERF: {
@@ -143,21 +145,19 @@ def _parameters_key(params: dict[str, Any]) -> str:
 # --- The store -------------------------------------------------------------------------------------------------
 
 
-def store_fingerprint(files: list[Path]) -> str:
+def store_fingerprint(files: list[str]) -> str:
     """Identity of what the store holds now (names, sizes, modification times): changes when ingest adds data."""
     digest = hashlib.sha256()
-    root = store_dir()
-    for path in files:
-        stat = path.stat()
-        digest.update(f"{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    for location, size, mtime_ns in object_store().infos(files):
+        digest.update(f"{location}\0{size}\0{mtime_ns}\n".encode())
     return digest.hexdigest()[:32]
 
 
-def load_operations(files: list[Path]) -> pa.Table:
-    """The workload's operations table: every Parquet file of its store read as one dataset (whole columns)."""
+def load_operations(files: list[str]) -> pa.Table:
+    """The workload's operations table: every Parquet object of its store read as one dataset (whole columns)."""
     if not files:
         return empty_table()
-    return ds.dataset([str(p) for p in files], format="parquet", schema=SCHEMA).to_table()
+    return object_store().dataset(files, schema=SCHEMA).to_table()
 
 
 # --- Requesting and running ------------------------------------------------------------------------------------
@@ -179,7 +179,7 @@ def analysis_request(
     """
     clean = analysis_parameters(kind, params)
     key = _parameters_key(clean)
-    fingerprint = store_fingerprint(workload_parquet_files(workload))
+    fingerprint = store_fingerprint(workload_parquet_files(workload) + workload_table_files(workload))
     try:
         job, created, queued = _claim(workload, kind, clean, key, fingerprint, user, force)
     except IntegrityError:  # a concurrent request created the row first: now it exists
@@ -214,7 +214,9 @@ def _claim(
     if busy or current:
         return job, False, False
     job.state, job.progress, job.error = JobState.QUEUED, 0, ""
-    job.created_by = user or job.created_by
+    # "Requested by" stays who asked for this analysis first: a re-run (by anyone who can see the workload,
+    # read shares included) refreshes the result, it does not take the request over.
+    job.created_by = job.created_by or user
     job.save(update_fields=["state", "progress", "error", "created_by", "updated_at"])
     return job, False, True
 
@@ -320,7 +322,25 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
-def analysis_run(job_id: int, force: bool = False) -> str:
+DEFERRED = "deferred"
+
+
+def _concurrency_slot_free(job: AnalysisJob) -> bool:
+    """Whether ``job`` may start under the site-wide limit on running analyses (System Settings).
+
+    Called inside the transaction that marks the job running. Every worker locks the one settings row first,
+    so on PostgreSQL the count-then-start is serialised across processes and hosts; the lock ends with the
+    transaction, once this job is marked running and counted by the next worker.
+    """
+    row = SystemSettings.objects.select_for_update().filter(pk=1).first()
+    limit = row.max_running_analyses if row else 0
+    if not limit:
+        return True
+    running = AnalysisJob.objects.filter(state=JobState.RUNNING).exclude(pk=job.pk).count()
+    return running < limit
+
+
+def analysis_run(job_id: int, force: bool = False, enforce_limit: bool = True) -> str:
     """Run one job (what the Celery task calls); return its final state, or 'missing'.
 
     Idempotent: a done job is left alone unless ``force``. Infrastructure errors (RETRYABLE) propagate so
@@ -332,15 +352,20 @@ def analysis_run(job_id: int, force: bool = False) -> str:
             return "missing"
         if job.state == JobState.DONE and not force:
             return job.state
+        if job.state == JobState.FAILED and job.error.startswith(CANCELLED):
+            return job.state  # cancelled while it waited in the queue
+        if enforce_limit and not _concurrency_slot_free(job):
+            return DEFERRED  # the task asks again shortly
         job.state, job.progress, job.error = JobState.RUNNING, 5, ""
         job.attempts += 1
         job.started_at, job.finished_at = timezone.now(), None
         job.save()
     publish_job(job)
     files = workload_parquet_files(job.workload)
-    fingerprint = store_fingerprint(files)
+    fingerprint = store_fingerprint(files + workload_table_files(job.workload))
     try:
-        table = load_operations(files)
+        with workload_metadata_dir(job.workload) as tables:
+            table = operations_named(load_operations(files), tables)
         _progress(job, 30)
         result = json_safe(RUNNERS[job.kind](table, dict(job.parameters)))
     except (*RETRYABLE, SoftTimeLimitExceeded):  # the task retries these, or fails the job saying why
@@ -350,11 +375,32 @@ def analysis_run(job_id: int, force: bool = False) -> str:
         analysis_fail(job.pk, f"{type(exc).__name__}: {exc}")
         return JobState.FAILED
     _progress(job, 90)
-    job.result, job.store_fingerprint = result, fingerprint
-    job.state, job.progress, job.finished_at = JobState.DONE, 100, timezone.now()
-    job.save()
+    with transaction.atomic():
+        current = AnalysisJob.objects.select_for_update().filter(pk=job.pk).values_list("state", "error").first()
+        if current is None or (current[0] == JobState.FAILED and current[1].startswith(CANCELLED)):
+            return JobState.FAILED  # cancelled while it ran: the result is dropped
+        job.result, job.store_fingerprint = result, fingerprint
+        job.state, job.progress, job.finished_at = JobState.DONE, 100, timezone.now()
+        job.save()
     publish_job(job)
     return job.state
+
+
+CANCELLED = "Cancelled by "
+
+
+def analysis_cancel(actor: User, job: AnalysisJob) -> bool:
+    """Cancel a queued or running job (administrators, from System Settings): a queued one never runs, a
+    running one's result is dropped when it finishes. False when the job had already finished."""
+    if not actor.is_site_admin:
+        raise AnalysisPermissionDenied("Only administrators cancel background jobs.")
+    updated = AnalysisJob.objects.filter(pk=job.pk, state__in=[JobState.QUEUED, JobState.RUNNING]).update(
+        state=JobState.FAILED, error=f"{CANCELLED}{actor.username}.", finished_at=timezone.now()
+    )
+    if updated:
+        job.refresh_from_db()
+        publish_job(job)
+    return bool(updated)
 
 
 def analysis_fail(job_id: int, reason: str) -> None:
@@ -400,6 +446,8 @@ def publish_job(job: AnalysisJob) -> None:
         )
     except Exception:  # progress is a courtesy: a broken channel layer must not fail the analysis
         logger.exception("could not publish progress of analysis job %s", job.pk)
+    if job.finished:  # the workload list shows Step and Hang counts from results
+        publish_workload_changed(job.workload_id)
 
 
 # --- Step calibration ------------------------------------------------------------------------------------------
@@ -438,6 +486,33 @@ def calibration_clear(actor: User, workload: Workload) -> bool:
     return bool(deleted)
 
 
+@dataclass(frozen=True)
+class ResultsDeleted:
+    deleted: int  # finished jobs removed with their results
+    kept_busy: int  # queued or running jobs left alone (they finish, or fail, on their own)
+
+
+def analysis_results_delete(actor: User, workload: Workload) -> ResultsDeleted:
+    """Delete a workload's analysis results ("semantic data": recovered steps, hang, straggler and performance
+    reports) and its cached trace exports; the evidence (archives, columnar store) stays, so every analysis can
+    be run again. Jobs still queued or running are kept. Manage level (owner, manage share, administrators)."""
+    if not workload_can_manage(actor, workload):
+        raise AnalysisPermissionDenied("You need the manage level on this workload to delete its results.")
+    busy = AnalysisJob.objects.filter(workload=workload, state__in=[JobState.QUEUED, JobState.RUNNING])
+    kept = busy.count()
+    with transaction.atomic():
+        deleted, _ = (
+            AnalysisJob.objects.filter(workload=workload)
+            .exclude(state__in=[JobState.QUEUED, JobState.RUNNING])
+            .delete()
+        )
+        prefix = exports_prefix(workload.pk)
+        transaction.on_commit(lambda: object_store().delete_prefix(prefix))
+    logger.info("%s deleted %d analysis results of workload %s", actor.username, deleted, workload.pk)
+    transaction.on_commit(lambda: publish_workload_changed(workload.pk))
+    return ResultsDeleted(deleted, kept)
+
+
 def calibrated_steps(result: dict[str, Any], calibration: StepCalibration | None) -> list[dict[str, Any]]:
     """The per-step rows of a steps result, with the workload's calibration applied for display."""
     offset = calibration.offset if calibration else 0
@@ -464,30 +539,36 @@ def calibrated_steps(result: dict[str, Any], calibration: StepCalibration | None
 # --- Trace export ----------------------------------------------------------------------------------------------
 
 
-def exports_dir(workload_id: int) -> Path:
-    """Where a workload's trace exports are cached: ``<data dir>/exports/workload-<id>/``."""
-    return Path(settings.DATA_DIR) / "exports" / f"workload-{workload_id}"
+def exports_prefix(workload_id: int) -> str:
+    """Where a workload's trace exports are cached in the object store: ``exports/workload-<id>/``."""
+    return f"exports/workload-{workload_id}"
 
 
-def trace_export(workload: Workload) -> Path:
-    """A Chrome JSON trace (Perfetto opens it) of the workload's operations, cached per store state.
+def trace_export(workload: Workload) -> str:
+    """A Chrome JSON trace (Perfetto opens it) of the workload's operations, cached per store state; its location.
 
-    Written to a temporary name and renamed, so a concurrent download never sees half a file; older traces
-    of the workload are removed.
+    Written locally to a temporary name, then put into the object store whole, so a concurrent download
+    never sees half a file; older traces of the workload are removed.
     """
     from comminsight.export.perfetto import write_trace
 
+    store = object_store()
     files = workload_parquet_files(workload)
-    fingerprint = store_fingerprint(files)
-    folder = exports_dir(workload.pk)
-    target = folder / f"trace-{fingerprint}.json"
-    if target.exists():
+    fingerprint = store_fingerprint(files + workload_table_files(workload))
+    key = f"{exports_prefix(workload.pk)}/trace-{fingerprint}.json"
+    target = store.location(key)
+    if store.exists(target):
         return target
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / f".{target.name}.{os.getpid()}.part"
-    write_trace(load_operations(files), partial)
-    partial.replace(target)
-    for old in folder.glob("trace-*.json"):
+    scratch = Path(settings.DATA_DIR) / "tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
+    partial = scratch / f"trace-{workload.pk}-{fingerprint}.{os.getpid()}.part"
+    try:
+        with workload_metadata_dir(workload) as tables:
+            write_trace(operations_named(load_operations(files), tables), partial)
+        store.put_file(partial, key)
+    finally:
+        partial.unlink(missing_ok=True)
+    for old in store.list(exports_prefix(workload.pk), suffix=".json"):
         if old != target:
-            old.unlink(missing_ok=True)
+            store.delete(old)
     return target

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from typing import Any
 
 from django.db import transaction
@@ -10,11 +9,12 @@ from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
 from apps.workloads.models import Workload
+from comminsight_site.objectstore import object_store
 
-from .services import exports_dir
+from .services import exports_prefix
 
 
 @receiver(post_delete, sender=Workload, dispatch_uid="analysis-remove-trace-exports")
 def remove_trace_exports(sender: type[Workload], instance: Workload, **kwargs: Any) -> None:
-    folder = exports_dir(instance.pk)
-    transaction.on_commit(lambda: shutil.rmtree(folder, ignore_errors=True))
+    prefix = exports_prefix(instance.pk)
+    transaction.on_commit(lambda: object_store().delete_prefix(prefix))

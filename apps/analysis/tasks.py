@@ -8,6 +8,8 @@ from django.conf import settings
 
 from . import services
 
+DEFER_S = 5  # how long a job waits for a free slot under the shared concurrency limit before asking again
+
 
 @shared_task(
     bind=True,
@@ -20,7 +22,8 @@ from . import services
 def run_analysis(self, job_id: int, force: bool = False) -> str:
     """Run analysis job ``job_id`` (a done job is left alone unless ``force``); return its final state."""
     try:
-        return services.analysis_run(job_id, force=force)
+        # In-process (embedded) execution has no workers to share: the limit applies to real workers.
+        state = services.analysis_run(job_id, force=force, enforce_limit=not self.request.is_eager)
     except SoftTimeLimitExceeded:
         services.analysis_fail(job_id, f"stopped after {settings.ANALYSIS_TASK_TIME_LIMIT_S} s (the time limit)")
         return "failed"
@@ -29,3 +32,7 @@ def run_analysis(self, job_id: int, force: bool = False) -> str:
             services.analysis_fail(job_id, f"gave up after {self.max_retries + 1} attempts: {exc}")
             return "failed"
         raise self.retry(exc=exc, countdown=min(300, 10 * 2**self.request.retries)) from exc
+    if state == services.DEFERRED:
+        # The site-wide limit on running analyses is reached: wait for a slot (not a failure, so no retry budget).
+        raise self.retry(countdown=DEFER_S, max_retries=None)
+    return state

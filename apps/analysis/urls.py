@@ -10,6 +10,7 @@ urlpatterns = [
     path("workloads/<int:workload_id>/analyses/run/", views.analysis_start, name="run"),
     path("workloads/<int:workload_id>/analyses/<int:job_id>/", views.analysis_job, name="job"),
     path("workloads/<int:workload_id>/analyses/calibration/", views.step_calibration, name="calibration"),
+    path("workloads/<int:workload_id>/analyses/delete/", views.results_delete, name="delete_results"),
     path("workloads/<int:workload_id>/trace/", views.trace_page, name="trace"),
     path("workloads/<int:workload_id>/trace.json", views.trace_download, name="trace_download"),
 ]

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import FileResponse, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.workloads.selectors import workload_can_manage
+from comminsight_site.objectstore import object_store
 
 from . import reports, selectors, services
 from .models import AnalysisKind
@@ -23,6 +25,7 @@ def _list_context(request: HttpRequest, workload: object) -> dict[str, object]:
     return {
         "workload": workload,
         "jobs": selectors.workload_jobs(workload),
+        "can_manage": workload_can_manage(request.user, workload),
         "forms": [
             {
                 "kind": kind,
@@ -75,7 +78,12 @@ def analysis_start(request: HttpRequest, workload_id: int) -> HttpResponse:
 def analysis_job(request: HttpRequest, workload_id: int, job_id: int) -> HttpResponse:
     job = selectors.visible_job(request.user, workload_id, job_id)
     calibration = selectors.workload_calibration(job.workload)
-    report = reports.report_view(job.kind, job.result, calibration) if job.result is not None else None
+    comm_names = {c.comm_hash: c.comm_name for c in job.workload.communicators.all() if c.comm_name}
+    report = (
+        reports.report_view(job.kind, job.result, calibration, comm_names, job.parameters)
+        if job.result is not None
+        else None
+    )
     context = {
         "workload": job.workload,
         "job": job,
@@ -105,9 +113,10 @@ def step_calibration(request: HttpRequest, workload_id: int) -> HttpResponse:
             )
             messages.success(request, f"Calibration applied: recovered step {cal.recovered} is step {cal.framework}.")
     except services.AnalysisPermissionDenied as exc:
-        return HttpResponse(str(exc), status=403, content_type="text/plain")
+        raise PermissionDenied(str(exc)) from exc
     except services.AnalysisParameterError as exc:
-        return HttpResponse(f"Bad calibration: {exc}", status=400, content_type="text/plain")
+        context = {"message": f"Bad calibration: {exc}. Nothing was changed.", "back": target}
+        return render(request, "400.html", context, status=400)
     return redirect(target)
 
 
@@ -122,6 +131,25 @@ def trace_page(request: HttpRequest, workload_id: int) -> HttpResponse:
 @require_GET
 def trace_download(request: HttpRequest, workload_id: int) -> FileResponse:
     workload = selectors.visible_workload(request.user, workload_id)
-    path = services.trace_export(workload)
+    location = services.trace_export(workload)
     filename = f"comminsight-workload-{workload.pk}-trace.json"
-    return FileResponse(path.open("rb"), as_attachment=True, filename=filename, content_type="application/json")
+    stream = object_store().open_stream(location)  # FileResponse streams it in blocks and closes it
+    return FileResponse(stream, as_attachment=True, filename=filename, content_type="application/json")
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def results_delete(request: HttpRequest, workload_id: int) -> HttpResponse:
+    """Confirm, then delete a workload's analysis results (manage level; read shares get 403, hidden 404)."""
+    workload = selectors.visible_workload(request.user, workload_id)
+    if not workload_can_manage(request.user, workload):
+        raise PermissionDenied("You need the manage level on this workload to delete its results.")
+    if request.method == "POST":
+        outcome = services.analysis_results_delete(request.user, workload)
+        text = f"Deleted {outcome.deleted} analysis result{'s' if outcome.deleted != 1 else ''}."
+        if outcome.kept_busy:
+            text += f" {outcome.kept_busy} still queued or running were kept."
+        messages.success(request, text + " The evidence is kept: run any analysis again.")
+        return redirect("analysis:list", workload_id=workload.pk)
+    jobs = selectors.workload_jobs(workload)
+    return render(request, "analysis/delete_results.html", {"workload": workload, "jobs": jobs})

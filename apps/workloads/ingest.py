@@ -20,15 +20,20 @@ add partition columns that collide with the table's own ``workload``/``node``/``
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
 import re
 import shutil
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 from django.conf import settings
 from django.db import transaction
@@ -40,8 +45,11 @@ from comminsight.formats import header
 from comminsight.formats.archive import ArchiveError, ArchiveLimits, read_archive
 from comminsight.formats.rawlog import RawLogError as SegmentError
 from comminsight.formats.rawlog import parse_header, records_from_bytes
+from comminsight_site.objectstore import object_store
 
+from .live import publish_workload_changed
 from .models import Archive, ArchiveSource, ArchiveState, Communicator, Node, Rank, Workload
+from .names import communicator_names_apply, stage_process_group_table
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +64,13 @@ class IngestError(ValueError):
 
 
 def store_dir() -> Path:
+    """This host's scratch for staging (always local); published objects go through ``object_store()``."""
     return Path(settings.DATA_DIR) / "store"
 
 
-def quarantine_dir() -> Path:
-    return Path(settings.DATA_DIR) / "quarantine"
+def store_prefix(workload_id: int) -> str:
+    """The object-store key prefix of one workload's Parquet operations store."""
+    return f"store/workload-{workload_id}"
 
 
 def path_part(value: str) -> str:
@@ -107,6 +117,16 @@ class ManifestFacts:
     record_count: int
 
 
+def _positions(positions: dict[Any, Any]) -> dict[str, int]:
+    """A manifest's ``{"<global rank>": rank in the communicator}``, checked."""
+    checked = {}
+    for rank, position in positions.items():
+        if not isinstance(rank, str) or not rank.isdigit() or int(rank) >= 1 << 31:
+            raise IngestError("manifest communicator positions must map global ranks to ranks in the communicator")
+        checked[str(int(rank))] = _int(position, "communicator position", 0, 1 << 31)
+    return checked
+
+
 def manifest_facts(manifest: dict[str, Any]) -> ManifestFacts:
     ranks = manifest.get("ranks", [])
     if not isinstance(ranks, list) or len(ranks) > MAX_MANIFEST_RANKS:
@@ -125,12 +145,17 @@ def manifest_facts(manifest: dict[str, Any]) -> ManifestFacts:
         members = comm.get("ranks", [])
         if not isinstance(members, list) or len(members) > MAX_MANIFEST_RANKS:
             raise IngestError("manifest communicator ranks must be a list")
+        positions = comm.get("positions", {})
+        if not isinstance(positions, dict) or len(positions) > MAX_MANIFEST_RANKS:
+            raise IngestError("manifest communicator positions must be an object of global rank -> rank in it")
         communicators.append(
             {
                 "comm_hash": comm_hash,
                 "comm_name": _text(comm.get("comm_name"), "comm_name", required=False),
                 "nranks": _int(comm.get("nranks", 0), "nranks", 0, 1 << 31),
                 "ranks": sorted({_int(r, "communicator rank", 0, 1 << 31) for r in members}),
+                "positions": _positions(positions),
+                "first_ns": _int(comm.get("first_ns", 0), "communicator first_ns", 0) or None,
             }
         )
     time_range = manifest.get("time_range") or {}
@@ -176,6 +201,7 @@ class StagedArchive:
     staging: Path
     files: dict[int, Path] = field(default_factory=dict)  # global rank -> staged parquet
     hang_files: list[Path] = field(default_factory=list)
+    table_files: list[Path] = field(default_factory=list)  # the import hook's process-group tables
     rows: int = 0
     corrupt_records: int = 0
 
@@ -185,12 +211,17 @@ def stage_archive(archive: Archive) -> StagedArchive:
     staging = store_dir() / ".staging" / archive.sha256
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    manifest, members = read_archive(archive.path, archive_limits())
+    with object_store().local_file(archive.path, scratch=staging) as local:
+        return _stage_members(archive, staging, *read_archive(local, archive_limits()))
+
+
+def _stage_members(archive: Archive, staging: Path, manifest: dict[str, Any], members: Any) -> StagedArchive:
     facts = manifest_facts(manifest)
     staged = StagedArchive(facts=facts, staging=staging)
     convert = _segment_converter()
     header_size = header.constants()["CI_LOG_HEADER_SIZE"]
     writers: dict[int, pq.ParquetWriter] = {}
+    segment_members: dict[str, set[int]] = {}  # communicator -> global ranks whose segments hold its records
     try:
         for name, data in members:
             if name.startswith("hang/"):
@@ -202,6 +233,11 @@ def stage_archive(archive: Archive) -> StagedArchive:
                 target.parent.mkdir(exist_ok=True)
                 target.write_bytes(data)
                 staged.hang_files.append(target)
+                continue
+            if name.startswith("metadata/"):
+                table_file = stage_process_group_table(staging, name, data)
+                if table_file is not None:
+                    staged.table_files.append(table_file)
                 continue
             if not name.startswith("segments/"):
                 continue
@@ -215,6 +251,9 @@ def stage_archive(archive: Archive) -> StagedArchive:
                 continue
             table = conform(convert(records, hdr, manifest))
             rank = hdr.global_rank if hdr.global_rank >= 0 else -1
+            if rank >= 0:
+                for comm in np.unique(records["comm_hash"]).tolist():
+                    segment_members.setdefault(f"0x{int(comm):016x}", set()).add(rank)
             if rank not in writers:
                 staged.files[rank] = staging / f"rank-{rank}.parquet"
                 writers[rank] = pq.ParquetWriter(staged.files[rank], table.schema, compression="zstd")
@@ -223,23 +262,44 @@ def stage_archive(archive: Archive) -> StagedArchive:
     finally:
         for writer in writers.values():
             writer.close()
+    staged.facts = _with_segment_ranks(facts, segment_members)
     return staged
 
 
-def _publish(staged: StagedArchive, workload: Workload, archive: Archive) -> list[Path]:
-    """Move staged files into the store (atomic renames); return their final paths."""
-    node_dir = store_dir() / f"workload-{workload.pk}" / f"node-{path_part(staged.facts.node)}"
+def _with_segment_ranks(facts: ManifestFacts, segment_members: dict[str, set[int]]) -> ManifestFacts:
+    """The manifest's ranks and communicator members, completed by what the segments hold.
+
+    The segments are the truth: a manifest can list no ranks (an agent that saw every rank of a lab job as
+    its own host: nNodes 2, nranks 2 on one machine) while the segments carry both ranks' records, each
+    segment header naming its global rank.
+    """
+    ranks = sorted(set(facts.ranks).union(*segment_members.values()))
+    communicators = []
+    listed = set()
+    for comm in facts.communicators:
+        listed.add(comm["comm_hash"])
+        members = sorted(set(comm["ranks"]) | segment_members.get(comm["comm_hash"], set()))
+        communicators.append({**comm, "ranks": members, "nranks": max(comm["nranks"], len(members))})
+    for comm_hash, members in sorted(segment_members.items()):
+        if comm_hash not in listed:
+            communicators.append(
+                {"comm_hash": comm_hash, "comm_name": "", "nranks": len(members), "ranks": sorted(members)}
+            )
+    return dataclasses.replace(facts, ranks=ranks, communicators=communicators)
+
+
+def _publish(staged: StagedArchive, workload: Workload, archive: Archive) -> list[str]:
+    """Move staged files into the object store; return their locations."""
+    store = object_store()
+    node_prefix = f"{store_prefix(workload.pk)}/node-{path_part(staged.facts.node)}"
     published = []
     for rank, source in staged.files.items():
-        target = node_dir / f"rank-{rank}" / f"{archive.sha256}.parquet"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        source.replace(target)
-        published.append(target)
+        published.append(store.put_file(source, f"{node_prefix}/rank-{rank}/{archive.sha256}.parquet"))
+    for source in staged.table_files:
+        # one table per process; a later archive carries a newer version of the same table
+        published.append(store.put_file(source, f"{metadata_prefix(workload.pk)}/{path_part(source.name)}"))
     for source in staged.hang_files:
-        target = node_dir / "hang" / archive.sha256[:16] / source.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        source.replace(target)
-        published.append(target)
+        published.append(store.put_file(source, f"{node_prefix}/hang/{archive.sha256[:16]}/{path_part(source.name)}"))
     return published
 
 
@@ -263,6 +323,9 @@ def workload_facts_apply(workload: Workload, facts: ManifestFacts) -> Node:
             existing.ranks = sorted(set(existing.ranks) | set(comm["ranks"]))
             existing.nranks = max(existing.nranks, comm["nranks"])
             existing.comm_name = existing.comm_name or comm["comm_name"]
+            existing.positions = {**existing.positions, **comm.get("positions", {})}
+            if comm.get("first_ns"):
+                existing.first_ns = min(existing.first_ns or comm["first_ns"], comm["first_ns"])
             existing.save()
     if facts.first_ns is not None:
         workload.first_ns = min(workload.first_ns or facts.first_ns, facts.first_ns)
@@ -296,11 +359,9 @@ def _apply_metadata(staged: StagedArchive, archive: Archive) -> Workload:
 
 def _quarantine(archive: Archive, reason: str) -> None:
     # Uploaded bytes move aside for inspection; discovered files stay where they are (the path is not ours).
-    if archive.source == ArchiveSource.UPLOAD and Path(archive.path).exists():
-        target = quarantine_dir() / f"{archive.sha256}.tar.zst"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        Path(archive.path).replace(target)
-        archive.path = str(target)
+    store = object_store()
+    if archive.source == ArchiveSource.UPLOAD and store.exists(archive.path):
+        archive.path = store.move(archive.path, f"quarantine/{archive.sha256}")
     archive.state = ArchiveState.QUARANTINED
     archive.reason = reason[:2000]
     archive.save()
@@ -330,9 +391,12 @@ def archive_ingest(archive_id: int) -> str:
         try:
             workload = _apply_metadata(staged, archive)
             _publish(staged, workload, archive)
+            with workload_metadata_dir(workload) as tables:
+                communicator_names_apply(workload, tables)
         finally:
             shutil.rmtree(staged.staging, ignore_errors=True)
     logger.info("archive %s ingested: %d rows for workload %s", archive.sha256[:12], staged.rows, workload.pk)
+    publish_workload_changed(workload.pk)  # open pages show the new ranks, communicators and archive
     return ArchiveState.INGESTED
 
 
@@ -345,6 +409,32 @@ def stale_stored_archives(older_than_s: float = 600, max_attempts: int = 10) -> 
     return list(stale.values_list("pk", flat=True)[:1000])
 
 
-def workload_parquet_files(workload: Workload) -> list[Path]:
-    """The Parquet files of a workload (for analyses: read them with polars/DuckDB)."""
-    return sorted((store_dir() / f"workload-{workload.pk}").glob("node-*/rank-*/*.parquet"))
+def workload_parquet_files(workload: Workload) -> list[str]:
+    """Locations of a workload's Parquet files (read them with ``object_store().dataset``)."""
+    return object_store().list(store_prefix(workload.pk), suffix=".parquet")
+
+
+def metadata_prefix(workload_id: int) -> str:
+    """Where the workload's process-group tables are kept in the object store (apps.workloads.names)."""
+    return f"{store_prefix(workload_id)}/metadata"
+
+
+def workload_table_files(workload: Workload) -> list[str]:
+    """Locations of the workload's process-group tables: part of the store's state for anything that shows names."""
+    found = object_store().list(metadata_prefix(workload.pk), suffix=".json")
+    return [loc for loc in found if PurePosixPath(loc).name.startswith("process_groups-")]
+
+
+@contextlib.contextmanager
+def workload_metadata_dir(workload: Workload) -> Iterator[Path]:
+    """The workload's process-group tables in a local directory: the store's own when local, else a copy."""
+    store = object_store()
+    if not store.remote:
+        yield Path(store.path(metadata_prefix(workload.pk)))
+        return
+    scratch = Path(settings.DATA_DIR) / "tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=scratch) as copy:
+        for location in workload_table_files(workload):
+            (Path(copy) / PurePosixPath(location).name).write_bytes(store.read_bytes(location))
+        yield Path(copy)

@@ -1,10 +1,12 @@
 """Live state from agent heartbeats: the latest per node, and the workload's status across nodes.
 
 Status rules (documented in docs/formats/upload.md):
+- ``hung``: some node reports hang suspicion, or the workload was hung and no communicator has completed
+  an operation since (a job aborted while hung stays hung); ``live_summary`` names the lagging ranks
+  (global ranks) across all nodes — per communicator, the ranks reported lagging by the nodes at the lowest
+  ``last_completed_seq`` (those that stopped first) — and, once an agent's live chain analysis named it,
+  the root cause (``root_cause_ranks`` and the first stuck operation);
 - ``finished``: every node heard from recently said ``finished``;
-- ``hung``: some node reports hang suspicion; the workload's ``live_summary`` names the lagging ranks
-  across all nodes — per communicator, the ranks reported lagging by the nodes at the lowest
-  ``last_completed_seq`` (those that stopped first);
 - ``running``: otherwise;
 - ``lost``: no heartbeat for ``COMMINSIGHT_WORKLOAD_LOST_AFTER_S`` (set by the periodic task).
 """
@@ -17,6 +19,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 from apps.accounts.models import AgentToken
@@ -25,17 +28,38 @@ from .models import Node, Workload, WorkloadStatus
 
 logger = logging.getLogger(__name__)
 
+# Sent after a heartbeat is stored (outside its transaction): workload, node, heartbeat, at. apps.monitoring listens.
+heartbeat_recorded = Signal()
+
+
+def _global_ranks(comm: dict[str, Any], local: list[int]) -> list[int]:
+    """Global ranks of communicator-local indices ``local``, through the heartbeat's ``ranks`` table.
+
+    Agents report lagging ranks as indices inside the communicator; each entry of ``ranks`` (keyed by that
+    index) names the member's global rank. An index without an entry is kept as given (older agents sent
+    global ranks).
+    """
+    members = comm.get("ranks") if isinstance(comm.get("ranks"), dict) else {}
+    out = []
+    for index in local:
+        member = members.get(str(index))
+        global_rank = member.get("global_rank") if isinstance(member, dict) else None
+        out.append(int(global_rank) if isinstance(global_rank, int) and global_rank >= 0 else int(index))
+    return out
+
 
 def live_summary(heartbeats: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Cross-node view of the latest heartbeat per node (``{node name: heartbeat}``)."""
     per_comm: dict[str, list[tuple[int, list[int], str]]] = {}
     hung_nodes = []
+    root_cause: dict[str, Any] | None = None
     for node, beat in sorted(heartbeats.items()):
         if beat.get("hang"):
             hung_nodes.append(node)
+            root_cause = _root_cause(beat["hang"], node) or root_cause
         for comm in beat.get("communicators") or []:
             per_comm.setdefault(comm["comm_hash"], []).append(
-                (int(comm.get("last_completed_seq", 0)), list(comm.get("lagging_ranks") or []), node)
+                (int(comm.get("last_completed_seq", 0)), _global_ranks(comm, comm.get("lagging_ranks") or []), node)
             )
     communicators = []
     lagging_all: set[int] = set()
@@ -54,19 +78,48 @@ def live_summary(heartbeats: dict[str, dict[str, Any]]) -> dict[str, Any]:
             }
         )
         lagging_all.update(lagging)
-    return {
+    summary: dict[str, Any] = {
         "nodes": len(heartbeats),
         "hung_nodes": hung_nodes,
         "lagging_ranks": sorted(lagging_all),
         "communicators": communicators,
     }
+    if root_cause:
+        summary["root_cause"] = root_cause
+    return summary
 
 
-def _status(heartbeats: dict[str, dict[str, Any]], summary: dict[str, Any]) -> str:
-    if heartbeats and all(beat.get("finished") for beat in heartbeats.values()):
-        return WorkloadStatus.FINISHED
+def _root_cause(hang: Any, node: str) -> dict[str, Any] | None:
+    """The root cause an agent named in its heartbeat's ``hang`` object (older agents send a list: none)."""
+    if not isinstance(hang, dict) or not hang.get("root_cause_ranks"):
+        return None
+    ranks = [r for r in hang["root_cause_ranks"] if isinstance(r, int)]
+    first = hang.get("first_stuck") if isinstance(hang.get("first_stuck"), dict) else None
+    return {
+        "ranks": ranks,
+        "node": node,
+        "first_stuck": {k: first.get(k) for k in ("comm_hash", "comm_desc", "op", "seq", "ranks")} if first else None,
+        "summary": str(hang.get("summary") or "")[:500],
+    }
+
+
+def _progressed(previous: dict[str, Any] | None, summary: dict[str, Any]) -> bool:
+    """Whether some communicator completed an operation since the ``previous`` summary."""
+    before = {c["comm_hash"]: c.get("max_seq", -1) for c in (previous or {}).get("communicators") or []}
+    return any(c["max_seq"] > before.get(c["comm_hash"], -1) for c in summary["communicators"])
+
+
+def _status(
+    heartbeats: dict[str, dict[str, Any]], summary: dict[str, Any], previous: str, previous_summary: dict | None
+) -> str:
     if summary["hung_nodes"]:
         return WorkloadStatus.HUNG
+    # A hung job stays hung until it makes progress again: processes that end (or suspicions that clear
+    # because the launcher aborted the job) without completing anything mean the job did not recover.
+    if previous == WorkloadStatus.HUNG and not _progressed(previous_summary, summary):
+        return WorkloadStatus.HUNG
+    if heartbeats and all(beat.get("finished") for beat in heartbeats.values()):
+        return WorkloadStatus.FINISHED
     return WorkloadStatus.RUNNING
 
 
@@ -93,33 +146,46 @@ def live_record_heartbeat(*, token: AgentToken, heartbeat: dict[str, Any]) -> Wo
             for n in workload.nodes.filter(last_heartbeat_at__gte=fresh_since).exclude(last_heartbeat=None)
         }
         summary = live_summary(latest)
+        workload.status = _status(latest, summary, workload.status, workload.live_summary)
         workload.live_summary = summary
-        workload.status = _status(latest, summary)
         workload.first_seen_at = workload.first_seen_at or now
         workload.last_seen_at = now
         # Only the live fields: ingest updates the time range of the same row concurrently.
         workload.save(update_fields=["live_summary", "status", "first_seen_at", "last_seen_at", "updated_at"])
         transaction.on_commit(lambda: publish_status(workload))
+    heartbeat_recorded.send_robust(Workload, workload=workload, node=node.name, heartbeat=heartbeat, at=now)
     return workload
 
 
-def publish_status(workload: Workload) -> None:
-    """Tell open pages (WebSocket group of the workload) its new status; never fails the caller."""
+def _group_send(group: str, message: dict[str, Any]) -> None:
+    """Send to a WebSocket group; never fails the caller (a broken channel layer must not lose data)."""
     from asgiref.sync import async_to_sync
     from channels.layers import get_channel_layer
-
-    from .consumers import workload_group
 
     layer = get_channel_layer()
     if layer is None:
         return
     try:
-        async_to_sync(layer.group_send)(
-            workload_group(workload.pk),
-            {"type": "workload.status", "status": workload.status, "summary": workload.live_summary},
-        )
-    except Exception:  # a broken channel layer must not lose the heartbeat
-        logger.exception("could not publish the status of workload %s", workload.pk)
+        async_to_sync(layer.group_send)(group, message)
+    except Exception:
+        logger.exception("could not publish to %s", group)
+
+
+def publish_status(workload: Workload) -> None:
+    """Tell open pages (WebSocket group of the workload, and list pages) its new status."""
+    from .consumers import LIST_GROUP, workload_group
+
+    message = {"type": "workload.status", "status": workload.status, "summary": workload.live_summary}
+    _group_send(workload_group(workload.pk), message)
+    _group_send(LIST_GROUP, {"type": "workloads.changed"})
+
+
+def publish_workload_changed(workload_id: int) -> None:
+    """Tell open pages that a workload changed other than by a heartbeat (archive ingested, analysis done)."""
+    from .consumers import LIST_GROUP, workload_group
+
+    _group_send(workload_group(workload_id), {"type": "workload.changed"})
+    _group_send(LIST_GROUP, {"type": "workloads.changed"})
 
 
 def mark_lost_workloads() -> int:

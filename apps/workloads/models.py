@@ -104,6 +104,15 @@ class Communicator(models.Model):
     comm_name = models.CharField(max_length=200, blank=True, default="")
     nranks = models.IntegerField(default=0)
     ranks = models.JSONField(default=list)  # global ranks seen as members, sorted
+    # What the evidence says about membership, for the process-group join (comminsight.evidence.process_groups).
+    positions = models.JSONField(default=dict)  # {"<global rank>": rank in the communicator}
+    first_ns = models.BigIntegerField(null=True, blank=True)  # first operation seen on it
+    # The join's result: the PyTorch process group this communicator belongs to.
+    group_name = models.CharField(max_length=200, blank=True, default="")
+    group_desc = models.CharField(max_length=200, blank=True, default="")  # e.g. TENSOR_MODEL_PARALLEL_GROUP
+    member_ranks = models.JSONField(default=list)  # the group's global ranks, in group-rank order
+    name_source = models.CharField(max_length=32, blank=True, default="")  # comm_name, process_groups, p2p, ...
+    name_note = models.CharField(max_length=300, blank=True, default="")  # e.g. ambiguous, paired by creation order
 
     class Meta:
         ordering = ["comm_hash"]
@@ -112,6 +121,13 @@ class Communicator(models.Model):
         ]
 
     def __str__(self) -> str:
+        return self.display_name
+
+    @property
+    def display_name(self) -> str:
+        """The group's description (and name) when the join found it, else NCCL's commName, else the hash."""
+        if self.group_desc:
+            return f"{self.group_desc} ({self.group_name})" if self.group_name else self.group_desc
         return self.comm_name or self.comm_hash
 
 
@@ -200,6 +216,9 @@ class SystemSettings(models.Model):
     discovery_owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
+    # Shared concurrency: at most this many analysis jobs run at once across every worker (0: no limit).
+    # Enforced in the database (a row lock on this row), so it holds for any number of worker hosts.
+    max_running_analyses = models.PositiveIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:

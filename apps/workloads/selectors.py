@@ -6,12 +6,16 @@ Every page, API view, download and websocket subscription starts from it, so "no
 
 from __future__ import annotations
 
+import re
+
 from django.contrib.auth.models import AnonymousUser
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery, Sum
 
 from apps.accounts.models import User
 
-from .models import Archive, ArchiveState, ShareLevel, Workload, WorkloadShare
+from .models import Archive, ArchiveState, Communicator, ShareLevel, Workload, WorkloadShare
+
+_DIMENSION = re.compile(r"^(tp|pp|dp|cp|ep|mp)[-_]?(\d*)$", re.IGNORECASE)
 
 
 def workloads_visible_to(user: User | AnonymousUser) -> QuerySet[Workload]:
@@ -59,3 +63,49 @@ def quarantined_archives_visible_to(user: User | AnonymousUser) -> QuerySet[Arch
         return Archive.objects.none()
     archives = Archive.objects.filter(state=ArchiveState.QUARANTINED).select_related("owner")
     return archives if user.is_site_admin else archives.filter(owner=user)
+
+
+def workload_rank_coordinates(communicators: list[Communicator]) -> dict[int, dict[str, tuple[int, int]]]:
+    """Per global rank, its (group, index in group) for every named parallel dimension, from communicator names.
+
+    Megatron-style names (``tp0``, ``dp3``, ``pp1`` …, the simulator's and torch's group names) give the
+    dimension; the member list gives the index. Unnamed communicators give nothing (coordinates unknown).
+    """
+    coordinates: dict[int, dict[str, tuple[int, int]]] = {}
+    for communicator in communicators:
+        match = _DIMENSION.match(communicator.comm_name or "")
+        if not match or not communicator.ranks:
+            continue
+        dimension, group = match.group(1).lower(), int(match.group(2) or 0)
+        for index, rank in enumerate(sorted(communicator.ranks)):
+            coordinates.setdefault(int(rank), {})[dimension] = (group, index)
+    return coordinates
+
+
+def workload_nccl_facts(parquet_files: list) -> list[dict]:
+    """NCCL's algorithm, protocol and channels per communicator, as the profiler recorded them (empty if none).
+
+    Reads four columns of the columnar store lazily; the answer has one row per (communicator, algo, proto).
+    """
+    import polars as pl
+
+    if not parquet_files:
+        return []
+    from comminsight.evidence.schema import SCHEMA
+    from comminsight_site.objectstore import ObjectStoreError, object_store
+
+    try:
+        columns = ["comm_id", "algo", "proto", "n_channels"]
+        table = object_store().dataset(list(parquet_files), schema=SCHEMA).to_table(columns=columns)
+        frame = (
+            pl.from_arrow(table)
+            .lazy()
+            .filter(pl.col("algo").is_not_null() | pl.col("n_channels").is_not_null())
+            .group_by("comm_id", "algo", "proto")
+            .agg(pl.len().alias("ops"), pl.col("n_channels").max().alias("max_channels"))
+            .sort("comm_id", "ops", descending=[False, True])
+            .collect()
+        )
+    except (pl.exceptions.PolarsError, OSError, ObjectStoreError):
+        return []
+    return frame.head(1000).to_dicts()

@@ -80,19 +80,20 @@ def workload_remove(workload: Workload, *, by: str) -> None:
     files are left where they were found: the shared path is not the site's. Files go only after the
     rows are gone for good (on commit); analysis jobs cascade, their trace exports go by signal.
     """
-    from .ingest import store_dir
+    from comminsight_site.objectstore import object_store
+
+    from .ingest import store_prefix
 
     workload_id = workload.pk
     with transaction.atomic():
-        uploaded = [
-            Path(path) for path in workload.archives.filter(source=ArchiveSource.UPLOAD).values_list("path", flat=True)
-        ]
+        uploaded = list(workload.archives.filter(source=ArchiveSource.UPLOAD).values_list("path", flat=True))
         workload.delete()
 
         def remove_files() -> None:
-            shutil.rmtree(store_dir() / f"workload-{workload_id}", ignore_errors=True)
-            for path in uploaded:
-                path.unlink(missing_ok=True)
+            store = object_store()
+            store.delete_prefix(store_prefix(workload_id))
+            for location in uploaded:
+                store.delete(location)
 
         transaction.on_commit(remove_files)
     logger.info("%s deleted workload %s", by, workload_id)
@@ -112,10 +113,11 @@ class PurgeCandidate:
 
 
 def _store_bytes(workload_id: int) -> int:
-    from .ingest import store_dir
+    from comminsight_site.objectstore import object_store
 
-    folder = store_dir() / f"workload-{workload_id}"
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+    from .ingest import store_prefix
+
+    return object_store().total_bytes(store_prefix(workload_id))
 
 
 def workloads_purge(
@@ -246,8 +248,9 @@ def evidence_import(*, path: Path, workload_name: str, owner: User, fmt: str | N
     Raises WorkloadError (the message is safe to show).
     """
     from comminsight.importers import EvidenceError, detect, load
+    from comminsight_site.objectstore import object_store
 
-    from .ingest import path_part, store_dir, workload_facts_apply
+    from .ingest import path_part, store_dir, store_prefix, workload_facts_apply
 
     name = workload_name.strip()
     if not name or len(name) > 200:
@@ -296,17 +299,10 @@ def evidence_import(*, path: Path, workload_name: str, owner: User, fmt: str | N
                 rows = table.filter(pc.equal(node_column, node))
                 workload_facts_apply(workload, _node_facts(rows, node, first_ns, last_ns))
             published = []
+            store = object_store()
             for node, rank, source in staged:
-                target = (
-                    store_dir()
-                    / f"workload-{workload.pk}"
-                    / f"node-{path_part(node)}"
-                    / f"rank-{rank}"
-                    / f"import-{identity}.parquet"
-                )
-                target.parent.mkdir(parents=True, exist_ok=True)
-                source.replace(target)
-                published.append(target)
+                key = f"{store_prefix(workload.pk)}/node-{path_part(node)}/rank-{rank}/import-{identity}.parquet"
+                published.append(store.put_file(source, key))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     logger.info("imported %d %s rows from %s into workload %s", table.num_rows, importer, path, workload.pk)

@@ -28,6 +28,7 @@ from django.db.models import F, Sum
 from django.utils import timezone
 
 from apps.accounts.models import AgentToken, User
+from comminsight_site.objectstore import object_store
 
 from .models import Archive, ArchiveSource, Upload, UploadState
 
@@ -71,18 +72,13 @@ def uploads_dir() -> Path:
     return path
 
 
-def archives_dir() -> Path:
-    path = Path(settings.DATA_DIR) / "archives"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def part_path(upload: Upload) -> Path:
     return uploads_dir() / f"{upload.id}.part"
 
 
-def stored_archive_path(sha256: str) -> Path:
-    return archives_dir() / sha256[:2] / f"{sha256}.tar.zst"
+def archive_key(sha256: str) -> str:
+    """The object-store key of stored archive bytes (no .tar.zst suffix: see comminsight_site.objectstore)."""
+    return f"archives/{sha256[:2]}/{sha256}"
 
 
 @dataclass(frozen=True)
@@ -329,14 +325,6 @@ def upload_oneshot(
         tmp.unlink(missing_ok=True)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def archive_register(
     *,
     source_path: Path,
@@ -350,7 +338,7 @@ def archive_register(
 ) -> tuple[Archive, bool]:
     """Record an archive once per sha256 and queue its ingest; (archive, newly stored).
 
-    Uploaded bytes move into ``<data dir>/archives/``; discovered archives stay where they were found
+    Uploaded bytes move into the object store (``archives/``); discovered archives stay where they were found
     (``keep_in_place``). A concurrent registration of the same bytes loses on the unique constraint and
     answers with the winner — both clients get success, one copy is kept.
     """
@@ -359,14 +347,9 @@ def archive_register(
         if not keep_in_place:
             Path(source_path).unlink(missing_ok=True)
         return existing, False
-    if keep_in_place:
-        path = Path(source_path)
-    else:
-        path = stored_archive_path(sha256)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Identical bytes under an identical name: a racing registration may have moved them already.
-        os.replace(source_path, path)
-        _fsync_dir(path.parent)  # the rename is durable before the archive row says the bytes are stored
+    # Identical bytes under an identical name: a racing registration may have stored them already.
+    # Locally a rename made durable; in object storage a streamed (multipart) upload.
+    path = str(Path(source_path)) if keep_in_place else object_store().put_file(Path(source_path), archive_key(sha256))
     try:
         with transaction.atomic():
             archive = Archive.objects.create(
@@ -375,7 +358,7 @@ def archive_register(
                 filename=filename,
                 owner=owner,
                 source=source,
-                path=str(path),
+                path=path,
                 file_mtime=file_mtime,
             )
     except IntegrityError:

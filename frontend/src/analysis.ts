@@ -88,7 +88,12 @@ function watch(container: HTMLElement): void {
 
 const PERFETTO = "https://ui.perfetto.dev";
 
-export async function openInPerfetto(url: string, title: string, status: HTMLElement | null): Promise<void> {
+export async function openInPerfetto(
+  url: string,
+  title: string,
+  status: HTMLElement | null,
+  timeoutMs = 20_000,
+): Promise<void> {
   const say = (text: string): void => {
     if (status) status.textContent = text;
   };
@@ -106,16 +111,33 @@ export async function openInPerfetto(url: string, title: string, status: HTMLEle
   }
   const buffer = await response.arrayBuffer();
   say("Waiting for Perfetto to be ready…");
-  await new Promise<void>((resolve) => {
-    const onMessage = (event: MessageEvent): void => {
-      if (event.origin !== PERFETTO || event.data !== "PONG") return;
+  // Offline clusters cannot reach ui.perfetto.dev: give up after a while instead of waiting forever.
+  const ready = await new Promise<boolean>((resolve) => {
+    const started = Date.now();
+    const finish = (answered: boolean): void => {
       window.clearInterval(timer);
       window.removeEventListener("message", onMessage);
-      resolve();
+      resolve(answered);
+    };
+    const onMessage = (event: MessageEvent): void => {
+      if (event.origin === PERFETTO && event.data === "PONG") finish(true);
     };
     window.addEventListener("message", onMessage);
-    const timer = window.setInterval(() => target.postMessage("PING", PERFETTO), 250);
+    const timer = window.setInterval(() => {
+      if (target.closed || Date.now() - started > timeoutMs) {
+        finish(false);
+        return;
+      }
+      target.postMessage("PING", PERFETTO);
+    }, 250);
   });
+  if (!ready) {
+    say(
+      `Perfetto did not answer within ${Math.round(timeoutMs / 1000)} s: ui.perfetto.dev may be unreachable from ` +
+        "here (an offline cluster?). Download the trace and open it in a Perfetto UI you can reach.",
+    );
+    return;
+  }
   target.postMessage({ perfetto: { buffer, title, fileName: `${title}.json` } }, PERFETTO, [buffer]);
   say("Trace handed to Perfetto.");
 }

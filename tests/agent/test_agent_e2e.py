@@ -185,6 +185,18 @@ def test_live_hang_names_communicator_op_and_ranks_that_never_entered(home: Path
         assert s["never_entered_global"] == [2]
         wait_for(lambda: any(p.get("hang") for p in site.state.live), timeout=5)  # pushed at once
         assert list((home / "hang_detection").glob("agent-hang-*.json"))
+        # The live chain analysis names the rank that never entered, on the API and in the heartbeat.
+        named = wait_for(lambda: (h := agent.get("/api/v1/hang").json()).get("root_cause_ranks") and h, timeout=10)
+        assert named["root_cause_ranks"] == [2]
+        assert named["first_stuck"]["op"] == "all_reduce"
+        assert named["first_stuck"]["seq"] == 20
+        beat = wait_for(
+            lambda: next((p for p in site.state.live if (p.get("hang") or {}).get("root_cause_ranks")), None),
+            timeout=10,
+        )
+        assert beat["hang"]["root_cause_ranks"] == [2]
+        assert {"steps", "devices", "nics", "agent"} <= set(beat)
+        assert beat["agent"]["inflight_ops"] == 3
     finally:
         for w in writers:
             w.kill()

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from agentkit import COMMINSIGHT, wait_for
 
@@ -172,3 +173,105 @@ def test_simulated_hang_is_named_on_the_live_api(home: Path, start_agent) -> Non
         if job.poll() is None:
             job.kill()
             job.wait()
+
+
+MEGATRON_DESCS = {"default_pg", "TENSOR_MODEL_PARALLEL_GROUP", "PIPELINE_MODEL_PARALLEL_GROUP", "DATA_PARALLEL_GROUP"}
+
+
+def test_communicators_without_a_comm_name_get_their_process_group_names_on_the_api_and_in_archives(
+    home: Path, start_agent
+) -> None:
+    # PyTorch 2.11 gives NCCL no commName: the simulated ranks write the hook's tables instead
+    result = simulate(
+        home, "-n", "4", "--steps", "3", "--layout", "megatron", "--tp", "2", "--pp", "2", "--no-comm-names"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    agent = start_agent()
+    truth = {c["comm_hash"]: c for c in json.loads((home / "ground_truth.json").read_text())["communicators"]}
+
+    def all_named():
+        answer = agent.get("/api/v1/communicators").json()
+        return answer["communicators"] and all(c["group_desc"] for c in answer["communicators"]) and answer
+
+    answer = wait_for(all_named, timeout=120)
+    assert {c["group_desc"] for c in answer["communicators"]} <= MEGATRON_DESCS
+    assert {c["group_desc"] for c in answer["communicators"]} >= {"TENSOR_MODEL_PARALLEL_GROUP"}
+    for c in answer["communicators"]:
+        assert sorted(c["group_ranks"]) == sorted(truth[c["comm_hash"]]["ranks"])
+        assert c["comm_name"] == f"{c['group_desc']}:{c['group_name']}"
+    assert answer["names"]["named"] == answer["names"]["communicators"] == len(answer["communicators"])
+    wait_for(lambda: not list((home / "inspector_logs").glob("*")), timeout=120)
+    assert agent.stop() == 0
+    archived = [name for path in (home.parent / "mount").rglob("*.tar.zst") for name, _ in read_archive(path)[1]]
+    assert sum(name.startswith("metadata/process_groups-") for name in archived) >= 4  # one table per rank
+
+
+def live_step_summaries(home: Path) -> list[tuple]:
+    rows = []
+    for path in sorted((home / "semantics" / "step").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            s = json.loads(line)
+            rows.append((s["rank"], s["step"], s["start_ns"], s["end_ns"], s["ops"], s["bytes"]))
+    return sorted(rows)
+
+
+def replayed_step_summaries(mount: Path, tmp: Path) -> list[tuple]:
+    """The same records fed once, in order, to a fresh live step engine: one uninterrupted run."""
+    from comminsight.agent.steps import LiveSteps
+
+    per_pid: dict[int, list] = {}
+    ranks: dict[int, int] = {}
+    for path in sorted(mount.rglob("*.tar.zst")):
+        for name, data in read_archive(path)[1]:
+            if name.startswith("segments/"):
+                hdr = parse_header(data, Path(name))
+                records, _, _ = records_from_bytes(memoryview(data)[C["CI_LOG_HEADER_SIZE"] :])
+                per_pid.setdefault(hdr.pid, []).append(records)
+                ranks[hdr.pid] = hdr.global_rank
+    steps = LiveSteps(tmp, "replay", lambda: ranks)
+    for pid, parts in per_pid.items():
+        records = np.concatenate(parts)
+        records = records[np.argsort(records["record_seq"], kind="stable")]
+        steps.feed(str(pid), records)
+    steps.flush()
+    rows = []
+    for path in sorted(tmp.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            s = json.loads(line)
+            rows.append((s["rank"], s["step"], s["start_ns"], s["end_ns"], s["ops"], s["bytes"]))
+    return sorted(rows)
+
+
+def test_live_steps_continue_across_an_agent_sigkill_without_gap_or_duplicate(home: Path, start_agent, tmp_path):
+    agent = start_agent(COMMINSIGHT_ARCHIVE_INTERVAL="1", COMMINSIGHT_AGENT_SAMPLE_INTERVAL="0")
+    job = simulate(home, "-n", "2", "--steps", "400", "--layout", "ddp", "--step-ms", "10", background=True)
+    # Steps become final after the engine's warm-up (512 operations per GPU), well inside the run.
+    wait_for(lambda: live_step_summaries(home), timeout=90, interval=0.1)
+    assert job.poll() is None, "the job should still be running when the agent is killed"
+    before = len(live_step_summaries(home))
+    agent.kill()
+    agent = start_agent(COMMINSIGHT_ARCHIVE_INTERVAL="1", COMMINSIGHT_AGENT_SAMPLE_INTERVAL="0")
+    assert job.wait(180) == 0, job.stdout.read()
+    wait_for(lambda: not list((home / "inspector_logs").glob("*")), timeout=30)
+    steps_view = agent.get("/api/v1/steps").json()
+    assert agent.stop() == 0
+    live = live_step_summaries(home)
+    assert len(live) > before
+    for rank in (0, 1):
+        ids = [step for r, step, *_ in live if r == rank]
+        assert ids == list(range(len(ids))), f"rank {rank}: steps missing or repeated"
+    assert live == replayed_step_summaries(home.parent / "mount", tmp_path / "replay")
+    assert {r["rank"] for r in steps_view["ranks"]} == {0, 1}
+    archived = [name for path in (home.parent / "mount").rglob("*.tar.zst") for name, _ in read_archive(path)[1]]
+    assert any(name.startswith("steps/") for name in archived)
+
+
+def test_a_running_jobs_archive_is_sealed_on_request_within_an_archive_interval(home: Path, start_agent) -> None:
+    agent = start_agent(COMMINSIGHT_ARCHIVE_INTERVAL="1", COMMINSIGHT_AGENT_SAMPLE_INTERVAL="0")
+    # The profiler's own segment age stays at its 300 s default: without a seal request nothing is closed.
+    job = simulate(home, "-n", "2", "--steps", "400", "--step-ms", "20", background=True)
+    wait_for(lambda: list((home.parent / "mount").rglob("*.tar.zst")), timeout=60, interval=0.1)
+    running = job.poll() is None
+    assert job.wait(180) == 0
+    assert agent.stop() == 0
+    assert running, "an archive should exist while the job still runs"

@@ -91,3 +91,23 @@ def test_straggler_and_step_pages_show_the_culprit_and_the_calibrated_steps(
     first_step = page.inner_text("[data-steps-table] tbody tr:first-child td:first-child")
     assert first_step == "500"
     page.screenshot(path=artifacts / "14-steps-calibrated.png", full_page=True)
+
+
+def test_open_in_perfetto_gives_up_with_advice_when_perfetto_is_unreachable(
+    live_server, page, personas, data_dir, artifacts
+):
+    from tests.site.analysis_tables import hung_table, write_store
+
+    write_store(data_dir, personas.workload.pk, hung_table(ranks=4, stuck_rank=2))
+    page.context.route(re.compile(r"^https://ui\.perfetto\.dev/.*"), lambda route: route.abort("internetdisconnected"))
+    sign_in(page, live_server, "alice")
+    page.clock.install()
+    page.goto(f"{live_server.url}/workloads/{personas.workload.pk}/trace/")
+    with page.context.expect_page():
+        page.click("[data-perfetto-open]")
+    page.wait_for_function("document.querySelector('[data-perfetto-status]').textContent.includes('Waiting')")
+    page.clock.run_for("00:25")
+    page.wait_for_function("document.querySelector('[data-perfetto-status]').textContent.includes('did not answer')")
+    assert "Download the trace" in page.inner_text("[data-perfetto-status]")
+    page.bring_to_front()
+    page.screenshot(path=artifacts / "13-perfetto-unreachable.png", full_page=True)

@@ -203,3 +203,120 @@ def fr_dump(rank: int, ranks: list[int], seqs: range, *, p2p: bool = False, comp
         "nccl_version": "2.27.3",
         "entries": entries,
     }
+
+
+def kineto_trace(rank: int, ranks: int, events: int, *, seed: int = 0, nccl_every: int = 20) -> dict:
+    """A Kineto trace of ``rank`` with about ``events`` events shaped like a profiled training step:
+    mostly CPU ops, their runtime calls, compute kernels and flow events, one NCCL all-reduce
+    (record_param_comms + kernel) every ``nccl_every`` ops, ProfilerStep spans around each 200 ops."""
+    rng = np.random.default_rng(seed + rank)
+    out: list[dict] = []
+    ts, ext, step = 1_000_000.0, 0, 0
+    members = json.dumps(list(range(ranks)))
+    names = ("aten::mm", "aten::add_", "aten::copy_", "aten::empty", "aten::linear", "aten::view")
+    while len(out) < events:
+        step_start = ts
+        for k in range(200):
+            ext += 1
+            cpu_args = {
+                "External id": ext,
+                "Record function id": 0,
+                "Ev Idx": ext,
+                "Sequence number": ext,
+                "Input Dims": [[1024, 1024], [1024]],
+                "Input type": ["float", "float"],
+                "Input Strides": [[1024, 1], [1]],
+            }
+            name = names[int(rng.integers(len(names)))]
+            out += [
+                {
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "name": name,
+                    "pid": 100 + rank,
+                    "tid": 7,
+                    "ts": ts,
+                    "dur": 3.5,
+                    "args": cpu_args,
+                },
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaLaunchKernel",
+                    "pid": 100 + rank,
+                    "tid": 7,
+                    "ts": ts + 1,
+                    "dur": 2.0,
+                    "args": {"External id": ext, "cbid": 211, "correlation": 2 * ext},
+                },
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": "ampere_sgemm_128x64_tn",
+                    "pid": 0,
+                    "tid": 7,
+                    "ts": ts + 5,
+                    "dur": 20.0,
+                    "args": {"External id": ext, "device": 0, "stream": 7, "correlation": 2 * ext},
+                },
+                {"ph": "f", "id": 2 * ext, "pid": 0, "tid": 7, "ts": ts + 5, "cat": "ac2g", "name": "ac2g", "bp": "e"},
+            ]
+            ts += 25.0
+            if k % nccl_every == 0:
+                ext += 1
+                args = {
+                    "External id": ext,
+                    "Collective name": "allreduce",
+                    "In msg nelems": int(rng.integers(1, 1 << 22)),
+                    "Group size": ranks,
+                    "dtype": "Float",
+                    "Process Group Name": "0",
+                    "Process Group Description": "default_pg",
+                    "Process Group Ranks": members,
+                    "In split size": "[]",
+                }
+                out.append(
+                    {
+                        "ph": "X",
+                        "cat": "cpu_op",
+                        "name": "record_param_comms",
+                        "pid": 100 + rank,
+                        "tid": 7,
+                        "ts": ts,
+                        "dur": 4.0,
+                        "args": {**args, "Rank": rank},
+                    }
+                )
+                out.append(
+                    {
+                        "ph": "X",
+                        "cat": "kernel",
+                        "pid": 0,
+                        "tid": 20,
+                        "ts": ts + 6,
+                        "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                        "dur": 30.0 + float(rng.random()),
+                        "args": {**args, "device": 0, "stream": 20},
+                    }
+                )
+                ts += 10
+        out.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{step}",
+                "pid": 100 + rank,
+                "tid": 7,
+                "ts": step_start - 0.5,
+                "dur": ts - step_start + 1,
+            }
+        )
+        step += 1
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": [{"id": 0, "name": "NVIDIA H200"}],
+        "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": ranks},
+        "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+        "traceEvents": out,
+        "traceName": f"rank{rank}",
+    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import pickle
 
 import polars as pl
@@ -10,6 +11,7 @@ import pytest
 from evidence_samples import fr_dump, inspector_lines, write_segment
 
 from comminsight.importers import EvidenceError, flight_recorder, kineto, load, nccl_inspector, rawlog
+from comminsight.importers.normalise import shape_text
 
 
 def _inspector_log(tmp_path, name: str, lines: list[str]):
@@ -150,3 +152,48 @@ def test_dtype_names_holding_the_key_separator_are_still_told_apart(tmp_path):
     (tmp_path / "_dump_0").write_bytes(pickle.dumps(dump, protocol=2))
     df = pl.from_arrow(flight_recorder.load(tmp_path / "_dump_0")).filter(pl.col("op") != "progress")
     assert df["dtype"].to_list() == ["float\x1fhalf", "float16,float32"]
+
+
+def test_dumps_give_the_same_table_mapped_one_by_one_or_all_together(tmp_path, monkeypatch):
+    for rank in range(6):
+        dump = fr_dump(rank, list(range(6)), range(5 + rank), p2p=rank % 2 == 1, completed=rank)
+        dump["entries"][0]["input_dtypes"] = ["BFloat16", "Float"]
+        (tmp_path / f"_dump_{rank}").write_bytes(pickle.dumps(dump, protocol=2))
+    together = flight_recorder.load(tmp_path)
+    monkeypatch.setattr(flight_recorder, "BATCH_ENTRIES", 1)
+    one_by_one = flight_recorder.load(tmp_path)
+    assert together.num_rows > 6 * 5
+    assert one_by_one.equals(together)
+
+
+def _reference_rows(dump: dict) -> list[dict]:
+    """Per entry, the straightforward mapping of the columns that come from the entry alone."""
+    rows = []
+    for e in dump["entries"]:
+        sizes = e.get("input_sizes")
+        p2p = bool(e.get("is_p2p")) or "send" in e["profiling_name"] or "recv" in e["profiling_name"]
+        rows.append(
+            {
+                "comm_id": e["process_group"][0],
+                "seq": e["p2p_seq_id"] if p2p else e["collective_seq_id"],
+                "shape": None if sizes is None else shape_text(sizes),
+                "count": None if sizes is None else sum(math.prod(s) for s in sizes),
+                "state": e["state"],
+                "enqueue_ns": e["time_created_ns"],
+                "record_id": e["record_id"],
+            }
+        )
+    return rows
+
+
+def test_flight_recorder_columns_equal_a_per_entry_reference_on_odd_shapes(tmp_path):
+    shapes = [None, [], [[]], [(2, 3)], [[1, 2], [3]], [[0]], [[2] * 32], [[4096, 5120]] * 3]
+    rows = []
+    for rank in range(4):
+        dump = fr_dump(rank, list(range(4)), range(len(shapes) + rank), p2p=rank % 2 == 0)
+        for entry, sizes in zip(dump["entries"], shapes * 2, strict=False):
+            entry["input_sizes"] = sizes
+        (tmp_path / f"_dump_{rank}").write_bytes(pickle.dumps(dump, protocol=2))
+        rows += _reference_rows(dump)
+    table = pl.from_arrow(flight_recorder.load(tmp_path)).filter(pl.col("op") != "progress")
+    assert table.select(list(rows[0])).to_dicts() == rows

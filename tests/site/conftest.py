@@ -69,3 +69,25 @@ def real_celery_worker(_session_celery_worker):
     app.conf.CELERY_TASK_ALWAYS_EAGER = False
     yield app
     app.conf.CELERY_TASK_ALWAYS_EAGER = saved
+
+
+@pytest.fixture(params=["local", "s3"])
+def each_storage_backend(request, settings) -> str:
+    """Runs a test once on the local data directory and once on a real S3 server (SeaweedFS)."""
+    if request.param == "s3":
+        request.getfixturevalue("s3_storage")
+    else:
+        settings.STORAGE_URL = ""
+    return request.param
+
+
+def stored_objects(data_dir: Path) -> list[str]:
+    """Everything under the store: its objects wherever they live, plus this host's staging files."""
+    from comminsight_site.objectstore import object_store
+
+    store = object_store()
+    local = data_dir / "store"
+    found = [str(p) for p in local.rglob("*") if p.is_file()] if local.exists() else []
+    if store.remote:
+        found += store.list("store")
+    return sorted(set(found))

@@ -97,7 +97,7 @@ def test_the_perfetto_download_is_a_json_trace_of_the_workloads_operations(perso
     assert len(slices) == 40
     assert len(instants) == 3
     assert {e["pid"] for e in slices} == {0, 1, 2, 3}
-    assert {e["name"] for e in slices} == {"all_reduce"}
+    assert {e["name"] for e in slices} == {"all_reduce · world"}  # the operation and its communicator's name
 
 
 def test_a_workload_with_nothing_ingested_still_downloads_a_valid_empty_trace(personas):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 from django.test import Client
 from django.urls import reverse
@@ -77,6 +78,35 @@ def test_straggler_analysis_blames_the_late_rank_and_estimates_the_slowdown(pers
         .content.decode()
     )
     assert "<span data-culprits>3</span>" in html
+    # The per-step chart and the rank x step heat map are declared for the chart library.
+    assert 'data-chart="stragglers-per-step"' in html
+    assert 'data-chart="stragglers-heatmap"' in html
+    assert '<script id="stragglers-heatmap" type="application/json">' in html
+
+
+def test_straggler_analysis_of_evidence_without_timings_says_it_cannot_answer(personas, data_dir, run_on_commit):
+    table = straggler_table(late_rank=3)
+    no_times = pa.nulls(table.num_rows, pa.int64())
+    for name in ("start_ns", "end_ns", "enqueue_ns"):
+        if name in table.column_names:
+            table = table.set_column(table.column_names.index(name), name, no_times)
+    write_store(data_dir, personas.workload.pk, table)
+    job = run_on_commit(lambda: request_analysis(client_of(personas.alice), personas.workload, "stragglers")).json()
+    from apps.analysis.models import AnalysisJob
+
+    stored = AnalysisJob.objects.get(pk=job["id"])
+    assert stored.state == "done"
+    assert stored.result["evidence"].startswith("insufficient")
+    assert stored.result["culprits"] == []
+    html = (
+        client_of(personas.alice)
+        .get(reverse("analysis:job", kwargs={"workload_id": personas.workload.pk, "job_id": stored.pk}))
+        .content.decode()
+    )
+    assert "Cannot answer" in html
+    assert "no operation timings" in html
+    assert "No straggler" not in html
+    assert "Slowdown against the ideal" not in html
 
 
 def test_step_results_show_the_calibration_the_owner_applies(personas, data_dir, run_on_commit):
@@ -354,3 +384,14 @@ def test_a_large_step_result_keeps_per_step_summaries_instead_of_every_rank(
     assert len(rows) == 12
     assert {row["ranks"] for row in rows} == {4}
     assert rows[1]["exposed_wait_ms"] == pytest.approx(15.0)  # three ranks wait 20 ms for the late one
+
+
+def test_a_forced_rerun_by_a_read_share_keeps_who_requested_the_analysis(personas, data_dir, run_on_commit):
+    write_store(data_dir, personas.workload.pk, hung_table(ranks=4, stuck_rank=2))
+    run_on_commit(lambda: request_analysis(client_of(personas.alice), personas.workload, "hang"))
+    rerun = run_on_commit(lambda: request_analysis(client_of(personas.bob), personas.workload, "hang", force=True))
+    assert rerun.status_code in (200, 201)
+    from apps.analysis.models import AnalysisJob
+
+    job = AnalysisJob.objects.get(workload=personas.workload, kind="hang")
+    assert job.created_by == personas.alice

@@ -56,3 +56,20 @@ def test_openapi_schema_validates_without_warnings(tmp_path, environment):
     result = manage("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "schema.yaml"), env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "/api/v1/workloads/" in (tmp_path / "schema.yaml").read_text()
+
+
+def _debug_setting(tmp_path: Path, **extra: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMMINSIGHT_", "DJANGO_")) and k != "DEBUG"}
+    env.update(COMMINSIGHT_SERVER_DATA_DIR=str(tmp_path), **extra)
+    result = manage("shell", "-c", "from django.conf import settings; print('DEBUG', settings.DEBUG)", env=env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("DEBUG", 1)[1].strip()
+
+
+def test_make_run_environment_serves_without_debug_pages(tmp_path):
+    # `make run` sets nothing: Django's debug 404 (every URL pattern) must not be what a stranger sees.
+    assert _debug_setting(tmp_path) == "False"
+
+
+def test_debug_is_on_only_when_development_is_asked_for(tmp_path):
+    assert _debug_setting(tmp_path, COMMINSIGHT_ENV="development") == "True"

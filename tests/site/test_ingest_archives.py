@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import tarfile
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-import pyarrow.parquet as pq
 import pytest
 from django.test import Client
 
@@ -15,6 +14,7 @@ from apps.workloads import ingest
 from apps.workloads.discovery import discover_archives
 from apps.workloads.models import Archive, ArchiveState, SystemSettings, Workload
 from apps.workloads.uploads import archive_register
+from comminsight_site.objectstore import object_store
 from tests.site.archives import (
     manifest_entry,
     manifest_for,
@@ -24,6 +24,9 @@ from tests.site.archives import (
     tar_zst,
     valid_archive,
 )
+from tests.site.conftest import stored_objects
+
+pytestmark = pytest.mark.usefixtures("each_storage_backend")
 
 
 def register(path: Path, owner) -> Archive:
@@ -33,8 +36,8 @@ def register(path: Path, owner) -> Archive:
     return archive
 
 
-def store_files(data_dir: Path) -> list[Path]:
-    return sorted(p for p in (data_dir / "store").rglob("*") if p.is_file()) if (data_dir / "store").exists() else []
+def store_files(data_dir: Path) -> list[str]:
+    return stored_objects(data_dir)
 
 
 def test_ingest_writes_parquet_per_rank_and_the_workload_metadata(personas, tmp_path, data_dir):
@@ -42,9 +45,9 @@ def test_ingest_writes_parquet_per_rank_and_the_workload_metadata(personas, tmp_
     assert ingest.archive_ingest(archive.pk) == ArchiveState.INGESTED
     workload = Workload.objects.get(owner=personas.alice, external_id="job-7")
     files = ingest.workload_parquet_files(workload)
-    assert [f.parent.name for f in files] == ["rank-2", "rank-3"]
-    assert all(f.parent.parent.name == "node-10.0.0.1" for f in files)
-    table = pq.read_table(files[0])
+    assert [PurePosixPath(f).parent.name for f in files] == ["rank-2", "rank-3"]
+    assert all(PurePosixPath(f).parent.parent.name == "node-10.0.0.1" for f in files)
+    table = object_store().dataset(files[:1]).to_table()
     assert table.num_rows == 8
     assert set(table.column("op").to_pylist()) == {"all_reduce"}
     node = workload.nodes.get()
@@ -72,9 +75,9 @@ def test_a_second_node_adds_its_ranks_and_extends_communicator_members(personas,
 def test_ingesting_twice_changes_nothing(personas, tmp_path, data_dir):
     archive = register(valid_archive(tmp_path), personas.alice)
     ingest.archive_ingest(archive.pk)
-    before = [(p, p.stat().st_size) for p in store_files(data_dir)]
+    before = object_store().infos(store_files(data_dir))
     assert ingest.archive_ingest(archive.pk) == ArchiveState.INGESTED
-    assert [(p, p.stat().st_size) for p in store_files(data_dir)] == before
+    assert object_store().infos(store_files(data_dir)) == before
 
 
 def test_a_worker_dying_mid_ingest_leaves_nothing_and_the_retry_completes(personas, tmp_path, data_dir, monkeypatch):
@@ -167,7 +170,7 @@ def test_hostile_archive_is_quarantined_with_a_reason_and_nothing_written(person
     assert reason in archive.reason
     assert store_files(data_dir) == []
     assert not Workload.objects.filter(external_id="job-7").exists()
-    assert Path(archive.path).parent.name == "quarantine"
+    assert PurePosixPath(archive.path).parent.name == "quarantine"
     assert not (Path("/etc/cron.d/x")).exists()
 
 
@@ -279,15 +282,15 @@ def test_deleting_a_workload_removes_its_store_and_uploaded_archives(
     archive = register(valid_archive(tmp_path), personas.alice)
     ingest.archive_ingest(archive.pk)
     archive.refresh_from_db()
-    stored = Path(archive.path)
-    assert stored.exists()
+    stored = archive.path
+    assert object_store().exists(stored)
     client.force_login(personas.alice)
     with django_capture_on_commit_callbacks(execute=True):
         response = client.delete(f"/api/v1/workloads/{archive.workload_id}/")
     assert response.status_code == 204
     assert not Archive.objects.filter(pk=archive.pk).exists()
-    assert not stored.exists()
-    assert [p for p in store_files(data_dir) if p.suffix == ".parquet"] == []
+    assert not object_store().exists(stored)
+    assert [p for p in store_files(data_dir) if p.endswith(".parquet")] == []
 
 
 def test_abandoned_uploads_expire_and_free_the_quota(personas):
@@ -305,3 +308,20 @@ def test_abandoned_uploads_expire_and_free_the_quota(personas):
     assert uploads_expire() == 1
     assert not part_path(upload).exists()
     assert owner_bytes_in_use(personas.alice) == 0
+
+
+def test_ranks_come_from_the_segments_when_the_manifest_lists_none(personas, tmp_path, data_dir):
+    """A lab set-up where every rank believes it is its own host (nNodes 2, nranks 2 on one machine): the agent
+    sealed both ranks' segments but its manifest lists no ranks. The segments are the truth."""
+    from comminsight.formats.archive import ArchiveMember, write_archive
+
+    manifest = manifest_for(ranks=())
+    members = [
+        ArchiveMember(f"segments/host-{1000 + r}-1000-0.cilog.sealed", data=segment_bytes(r), records=8) for r in (0, 1)
+    ]
+    path = write_archive(tmp_path / "ci-job-7-10.0.0.1-10000-20000.tar.zst", manifest, members).path
+    archive = register(path, personas.alice)
+    assert ingest.archive_ingest(archive.pk) == ArchiveState.INGESTED
+    workload = Workload.objects.get(owner=personas.alice, external_id="job-7")
+    assert sorted(workload.ranks.values_list("rank", flat=True)) == [0, 1]
+    assert workload.communicators.get().ranks == [0, 1]

@@ -14,6 +14,7 @@ from django.urls import reverse
 from apps.accounts.services import agent_token_create
 from apps.workloads import uploads
 from apps.workloads.models import Archive, ArchiveState, Upload, Workload
+from comminsight_site.objectstore import object_store
 from tests.site.archives import sha256_of, valid_archive
 
 
@@ -240,7 +241,7 @@ def test_the_same_archive_from_two_agents_at_once_is_stored_once_and_both_succee
     assert answers[0] == answers[1]
     assert answers[0][1] is True
     assert Archive.objects.count() == 1
-    assert len(list(uploads.archives_dir().rglob("*.tar.zst"))) == 1
+    assert len(object_store().list("archives")) == 1
 
 
 class Trickle:

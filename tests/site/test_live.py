@@ -31,6 +31,13 @@ def beat(client: Client, node: str, seq: int, lagging=(), hang=None, finished=Fa
 
 
 @pytest.fixture
+def alice(personas) -> Client:
+    client = Client()
+    client.force_login(personas.alice)
+    return client
+
+
+@pytest.fixture
 def agent(personas) -> Client:
     return Client(HTTP_AUTHORIZATION=f"Bearer {personas.agent_secret}")
 
@@ -104,3 +111,66 @@ def test_oversized_heartbeat_is_refused(agent, settings):
     response = beat(agent, "n1", 1)
     assert response.status_code == 413
     assert not Workload.objects.filter(external_id="job-live").exists()
+
+
+def test_root_cause_named_by_an_agent_shows_on_the_workload_page_and_in_the_list(agent, alice):
+    hang = {
+        "suspicions": [{"comm_hash": "0x00000000000000aa", "op": "AllReduce", "seq": 12}],
+        "root_cause_ranks": [5],
+        "first_stuck": {"comm_hash": "0x00000000000000aa", "op": "all_reduce", "seq": 12, "ranks": [5]},
+        "summary": "Hang: progress stopped first at rank(s) 5.",
+    }
+    beat(agent, "n1", 100)
+    assert beat(agent, "n2", 12, lagging=[5], hang=hang).json()["status"] == "hung"
+    workload = Workload.objects.get(external_id="job-live")
+    assert workload.live_summary["root_cause"]["ranks"] == [5]
+    assert workload.live_summary["root_cause"]["node"] == "n2"
+    page = alice.get(reverse("workloads:detail", args=[workload.pk])).content.decode()
+    assert 'id="root-cause"' in page
+    assert "all_reduce seq 12" in page
+    listing = alice.get(reverse("workloads:list")).content.decode()
+    assert "root cause: rank 5" in listing
+
+
+def test_a_hang_without_a_root_cause_yet_shows_no_root_cause(agent, alice):
+    beat(agent, "n2", 12, lagging=[5], hang={"suspicions": [{"comm_hash": "0xaa"}], "root_cause_ranks": None})
+    workload = Workload.objects.get(external_id="job-live")
+    assert workload.status == WorkloadStatus.HUNG
+    assert "root_cause" not in workload.live_summary
+    page = alice.get(reverse("workloads:detail", args=[workload.pk])).content.decode()
+    assert 'id="root-cause"' not in page
+
+
+def test_a_job_aborted_while_hung_stays_hung_when_its_nodes_report_finished(agent):
+    beat(agent, "n1", 10)
+    beat(agent, "n1", 12, lagging=[2], hang=[{"comm_hash": "0x00000000000000aa", "ranks": [2]}])
+    # The launcher aborts the job: the suspicion is gone and the agent's last report says finished.
+    beat(agent, "n1", 12, finished=True)
+    assert Workload.objects.get(external_id="job-live").status == WorkloadStatus.HUNG
+
+
+def test_a_hung_job_that_makes_progress_again_is_running(agent):
+    beat(agent, "n1", 12, lagging=[2], hang=[{"comm_hash": "0x00000000000000aa", "ranks": [2]}])
+    beat(agent, "n1", 13)
+    assert Workload.objects.get(external_id="job-live").status == WorkloadStatus.RUNNING
+
+
+def test_lagging_ranks_are_global_ranks_not_indices_inside_the_communicator(agent):
+    body = {
+        "workload_id": "job-live",
+        "node": "n1",
+        "communicators": [
+            {
+                "comm_hash": "0x00000000000000bb",
+                "nranks": 2,
+                "last_completed_seq": 7,
+                "lagging_ranks": [1],  # index 1 of a data-parallel group {1, 5}
+                "ranks": {"0": {"global_rank": 1}, "1": {"global_rank": 5}},
+            }
+        ],
+        "hang": [{"comm_hash": "0x00000000000000bb"}],
+    }
+    agent.post(reverse("api-ingest-live"), body, content_type="application/json")
+    workload = Workload.objects.get(external_id="job-live")
+    assert workload.live_summary["lagging_ranks"] == [5]
+    assert workload.live_summary["communicators"][0]["lagging_ranks"] == [5]

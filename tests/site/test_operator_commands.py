@@ -6,7 +6,7 @@ import re
 import shutil
 from datetime import timedelta
 from io import StringIO
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pyarrow.parquet as pq
 import pytest
@@ -18,7 +18,9 @@ from apps.analysis.models import AnalysisJob, JobState
 from apps.analysis.services import analysis_request
 from apps.workloads import ingest
 from apps.workloads.models import Archive, ArchiveState, Rank, SystemSettings, Workload
+from comminsight_site.objectstore import object_store
 from tests.site.archives import valid_archive
+from tests.site.conftest import stored_objects
 
 FR_PUBLIC = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "public" / "flight_recorder_nvrx"
 
@@ -29,9 +31,8 @@ def run(*args: str) -> str:
     return out.getvalue()
 
 
-def store_files(data_dir: Path) -> list[Path]:
-    store = data_dir / "store"
-    return sorted(p for p in store.rglob("*") if p.is_file()) if store.exists() else []
+def store_files(data_dir: Path) -> list[str]:
+    return stored_objects(data_dir)
 
 
 def database_state() -> tuple:
@@ -100,6 +101,7 @@ def test_archive_scan_without_a_path_fails_saying_why(personas):
 # --- import_evidence ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("each_storage_backend")
 def test_imported_flight_recorder_dumps_make_a_workload_whose_hang_analysis_finds_the_missing_rank(
     personas, gpu_error_1st, data_dir, django_capture_on_commit_callbacks
 ):
@@ -111,7 +113,7 @@ def test_imported_flight_recorder_dumps_make_a_workload_whose_hang_analysis_find
     assert workload.communicators.exists()
     files = ingest.workload_parquet_files(workload)
     assert len(files) == 16
-    assert all(f.name.startswith("import-") for f in files)
+    assert all(PurePosixPath(f).name.startswith("import-") for f in files)
     assert not any((data_dir / "store" / ".staging").iterdir())
     with django_capture_on_commit_callbacks(execute=True):
         analysis_request(workload, "hang", None, {})
@@ -218,17 +220,17 @@ def test_purge_without_yes_refuses_and_deletes_nothing(imported, data_dir):
     assert (database_state(), store_files(data_dir)) == before
 
 
+@pytest.mark.usefixtures("each_storage_backend")
 def test_purge_yes_removes_the_rows_and_the_store_directory(
     imported, personas, data_dir, django_capture_on_commit_callbacks
 ):
-    store = data_dir / "store" / f"workload-{imported.pk}"
-    assert store.is_dir()
+    assert ingest.workload_parquet_files(imported)
     with django_capture_on_commit_callbacks(execute=True):
         output = run("purge", "--workload", str(imported.pk), "--yes")
     assert f"deleted workload {imported.pk}" in output
     assert not Workload.objects.filter(pk=imported.pk).exists()
     assert not Rank.objects.filter(workload_id=imported.pk).exists()
-    assert not store.exists()
+    assert not object_store().list(ingest.store_prefix(imported.pk))
     assert Workload.objects.filter(pk=personas.workload.pk).exists()
 
 

@@ -86,9 +86,11 @@ WORKLOADS_SEEN = {"root": 2, "admin": 2, "alice": 1, "bob": 1, "carol": 1}
 
 MATRIX: dict[str, list[Case]] = {
     "healthz": [Case("get", everyone(200))],
+    "favicon": [Case("get", everyone(200))],
     "api-schema": [Case("get", everyone(200))],
     "api-docs": [Case("get", everyone(200))],
     "accounts:home": [Case("get", everyone(302))],
+    "accounts:about": [Case("get", signed_in(302, 200))],
     "accounts:init": [Case("get", everyone(404)), Case("post", everyone(404), body=lambda p: {"token": "x"})],
     "accounts:login": [Case("get", statuses(200, 200, 302, 302, 302, 302, 302))],
     "accounts:logout": [Case("post", everyone(302)), Case("get", everyone(405))],
@@ -128,9 +130,40 @@ MATRIX: dict[str, list[Case]] = {
     ],
     "workloads:list": [Case("get", signed_in(302, 200), count=WORKLOADS_SEEN, count_key="workloads")],
     "workloads:detail": [Case("get", statuses(302, 302, 200, 200, 200, 200, 404), kwargs=ALICE_WORKLOAD)],
+    # POST starts a real 16-process demo job: covered end to end in tests/browser/test_demo.py.
+    "workloads:demo": [Case("get", statuses(302, 302, 405, 405, 405, 405, 405))],
+    "workloads:topology": [Case("get", statuses(302, 302, 200, 200, 200, 200, 404), kwargs=ALICE_WORKLOAD)],
+    "workloads:sharing": [
+        Case("get", statuses(302, 302, 200, 200, 200, 403, 404), kwargs=ALICE_WORKLOAD),
+        Case(
+            "post",
+            statuses(302, 302, 302, 302, 302, 403, 404),
+            kwargs=ALICE_WORKLOAD,
+            body=lambda p: {"action": "share", "username": "carol", "level": "read"},
+        ),
+        Case(
+            "post",
+            statuses(302, 302, 302, 302, 302, 403, 404),
+            kwargs=ALICE_WORKLOAD,
+            body=lambda p: {"action": "unshare", "user_id": p.bob.pk},
+        ),
+    ],
+    "workloads:delete": [
+        Case("get", statuses(302, 302, 200, 200, 200, 403, 404), kwargs=ALICE_WORKLOAD),
+        Case(
+            "post",
+            statuses(302, 302, 302, 302, 302, 403, 404),
+            kwargs=ALICE_WORKLOAD,
+            body=lambda p: {"confirm": p.workload.name},
+        ),
+    ],
     "workloads:settings": [
         Case("get", statuses(302, 302, 200, 200, 404, 404, 404)),
         Case("post", statuses(302, 302, 302, 302, 404, 404, 404), body=lambda p: {"archive_path": "/srv/shared"}),
+    ],
+    "workloads:job_cancel": [
+        Case("post", statuses(302, 302, 302, 302, 404, 404, 404), kwargs=lambda p: {"job_id": alice_job(p)["job_id"]}),
+        Case("get", statuses(302, 302, 405, 405, 405, 405, 405), kwargs=lambda p: {"job_id": alice_job(p)["job_id"]}),
     ],
     "api-workload-archives": [
         Case(
@@ -233,6 +266,10 @@ MATRIX: dict[str, list[Case]] = {
             body=lambda p: {"recovered": "3", "framework": "100"},
         )
     ],
+    "analysis:delete_results": [
+        Case("get", statuses(302, 302, 200, 200, 200, 403, 404), kwargs=ALICE_WORKLOAD),
+        Case("post", statuses(302, 302, 302, 302, 302, 403, 404), kwargs=ALICE_WORKLOAD),
+    ],
     "analysis:trace": [Case("get", statuses(302, 302, 200, 200, 200, 200, 404), kwargs=ALICE_WORKLOAD)],
     "analysis:trace_download": [Case("get", statuses(302, 302, 200, 200, 200, 200, 404), kwargs=ALICE_WORKLOAD)],
     "api-analyses": [
@@ -242,6 +279,9 @@ MATRIX: dict[str, list[Case]] = {
         ),
     ],
     "api-analysis-detail": [Case("get", statuses(403, 403, 200, 200, 200, 200, 404), kwargs=alice_job)],
+    "monitoring:running": [Case("get", signed_in(302, 200))],
+    "monitoring:workload": [Case("get", statuses(302, 302, 200, 200, 200, 200, 404), kwargs=ALICE_WORKLOAD)],
+    "api-workload-monitoring": [Case("get", statuses(403, 403, 200, 200, 200, 200, 404), kwargs=ALICE_WORKLOAD)],
 }
 
 

@@ -66,3 +66,15 @@ def test_a_heartbeat_reaches_an_open_socket(personas):
 
     message = async_to_sync(scenario)()
     assert message["status"] == "hung"
+
+
+def test_the_list_socket_is_for_signed_in_users_only(personas):
+    async def scenario(headers):
+        communicator = WebsocketCommunicator(application, "/ws/workloads/", headers=headers)
+        connected, code = await communicator.connect()
+        if connected:
+            await communicator.disconnect()
+        return connected, code
+
+    assert async_to_sync(scenario)(cookie_for(None)) == (False, 4404)
+    assert async_to_sync(scenario)(cookie_for(personas.carol))[0] is True

@@ -25,15 +25,19 @@ def test_the_injected_straggler_is_named_first_and_its_slowdown_is_estimated_wit
     culprit = next(iter(slow))
     assert report.culprits[0] == culprit
     assert report.ranks[0]["rank"] == culprit
+    # The synthetic ground truth is "as run" over "the same run without the straggler" (same
+    # jitter), which is the what-if without the culprits, not the ideal (jitter-free) job.
     injected = synthetic.measured_slowdown(layout, slow, **kwargs)
-    assert abs(report.slowdown["ratio"] - injected) / injected < 0.10
+    assert abs(report.slowdown["without_culprits_ratio"] - injected) / injected < 0.10
     assert report.slowdown["replay_error"] < 0.01
 
 
 def test_a_job_without_stragglers_has_no_culprits() -> None:
     report = analyse_stragglers(synthetic.table("ddp", slow={}, seed=9))
     assert report.culprits == []
-    assert report.slowdown["ratio"] == pytest.approx(1.0, abs=0.02)
+    assert report.evidence == "ok"
+    # Nothing removed: the estimate without culprits is the job as observed.
+    assert report.slowdown["without_culprits_ratio"] == pytest.approx(1.0)
 
 
 def test_the_straggler_arrives_last_and_waits_least() -> None:
@@ -129,7 +133,7 @@ def test_incomplete_evidence_gives_a_report_without_inventing_culprits(cut) -> N
     df = cut(pl.from_arrow(synthetic.table("ddp", slow={}, seed=1)))
     report = analyse_stragglers(df)
     assert report.culprits == []
-    assert report.slowdown["ratio"] == pytest.approx(1.0, abs=0.05)
+    assert report.slowdown["without_culprits_ratio"] == pytest.approx(1.0)
 
 
 def test_an_empty_table_is_refused_with_a_clear_error() -> None:

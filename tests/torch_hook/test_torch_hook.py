@@ -103,27 +103,42 @@ def test_communicators_with_the_same_members_are_named_in_creation_order():
         {"comm_id": "0xdp", "ranks": [1, 0], "first_seen_ns": 200},
         {"comm_id": "0xtp", "ranks": [0, 1], "first_seen_ns": 100},
         {"comm_id": "0xworld", "ranks": [3, 2, 1, 0], "first_seen_ns": 50},
-        {"comm_id": "0xother", "ranks": [2, 3], "first_seen_ns": 10},
+        {"comm_id": "0xp2p", "ranks": [2, 3], "first_seen_ns": 10},
+        {"comm_id": "0xother", "ranks": [4, 5], "first_seen_ns": 10},
     ]
     names = join_process_groups(communicators, tables)
     assert names["0xtp"]["desc"] == "TENSOR_MODEL_PARALLEL_GROUP"
     assert names["0xdp"]["desc"] == "DATA_PARALLEL_GROUP"
     assert names["0xworld"]["name"] == "0"
+    assert names["0xtp"]["source"] == names["0xdp"]["source"] == "creation_order"
+    assert "ambiguous" in names["0xtp"]["note"]
+    # PyTorch's send/recv between two ranks of a larger group gets its own two-rank communicator
+    assert (names["0xp2p"]["desc"], names["0xp2p"]["source"]) == ("default_pg", "p2p")
     assert "0xother" not in names
 
 
-def test_malformed_metadata_files_are_skipped_with_a_warning(tmp_path, caplog, monkeypatch):
+def test_malformed_metadata_files_are_skipped_with_a_warning_naming_each(tmp_path, caplog, monkeypatch):
     # Logging set-up elsewhere in the session (Celery's worker, for one) may have silenced these loggers.
-    for name in ("comminsight", "comminsight.torch_hook"):
+    for name in ("comminsight", "comminsight.process_groups"):
         monkeypatch.setattr(logging.getLogger(name), "propagate", True)
         monkeypatch.setattr(logging.getLogger(name), "disabled", False)
-    caplog.set_level(logging.WARNING, logger="comminsight.torch_hook")
+    caplog.set_level(logging.WARNING, logger="comminsight.process_groups")
     metadata = tmp_path / "metadata"
     metadata.mkdir()
-    (metadata / "process_groups-a-1.json").write_text("{not json")
-    (metadata / "process_groups-a-2.json").write_text(json.dumps({"format": "something else", "groups": []}))
-    (metadata / "process_groups-a-3.json").write_text(json.dumps([1, 2, 3]))
-    good = {"format": "comminsight.process_groups", "version": 1, "groups": []}
+    good = {"format": "comminsight.process_groups", "version": 1, "groups": [{"name": "1", "ranks": [0, 1]}]}
+    bad = {
+        "process_groups-a-1.json": "{not json",
+        "process_groups-a-2.json": json.dumps({"format": "something else", "groups": []}),
+        "process_groups-a-3.json": json.dumps([1, 2, 3]),
+        "process_groups-a-5.json": json.dumps(good)[:40],  # truncated
+        "process_groups-a-6.json": json.dumps({**good, "groups": [{"name": "x", "ranks": ["0; rm -rf /"]}]}),
+        "process_groups-a-7.json": json.dumps({**good, "groups": [{"name": "x" * 10_000, "ranks": [0]}]}),
+    }
+    for name, text in bad.items():
+        (metadata / name).write_text(text)
+    (metadata / "process_groups-a-8.json").write_bytes(b" " * (17 << 20))  # oversized
     (metadata / "process_groups-a-4.json").write_text(json.dumps(good))
-    assert load_tables(tmp_path) == [good]
-    assert caplog.text.count("skipping") == 3
+    (table,) = load_tables(tmp_path)
+    assert [g["ranks"] for g in table["groups"]] == [[0, 1]]
+    for name in [*bad, "process_groups-a-8.json"]:
+        assert name in caplog.text

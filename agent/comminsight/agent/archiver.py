@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ from comminsight.agent.ingest import atomic_write_json
 from comminsight.agent.providers import SpoolEntry
 from comminsight.agent.segments import SEALED_SUFFIX, SegmentError, pid_alive, read_header, read_segment
 from comminsight.agent.spool import Spool
+from comminsight.evidence.process_groups import FILE_NAME as TABLE_NAME
+from comminsight.evidence.process_groups import MAX_TABLE_BYTES, TableError, parse_table
 from comminsight.formats.archive import MEMBER_NAME, ArchiveMember, archive_filename, write_archive
 
 log = logging.getLogger("comminsight.agent.archiver")
@@ -61,6 +64,7 @@ class Archiver:
         node_ip: str,
         orphan_grace_s: float = 5.0,
         proc_root: Path = Path("/proc"),
+        metadata_dir: Path | None = None,
     ) -> None:
         self.logs_dir = logs_dir
         self.hang_dir = hang_dir
@@ -74,6 +78,9 @@ class Archiver:
         self.proc_root = proc_root
         self.stats = SealStats()
         self.dropped_since_seal = {"ring": 0, "lost": 0}
+        # process-group tables (the import hook's) live beside the agent's own state
+        self.metadata_dir = metadata_dir if metadata_dir is not None else state_dir.parent
+        self.archived_tables: dict[str, tuple[int, int]] = {}  # name -> (mtime_ns, size) at the last seal
 
     # ---- crash recovery ------------------------------------------------------------------------
     def recover(self) -> None:
@@ -138,8 +145,44 @@ class Archiver:
         except OSError:
             return []
 
-    def seal(self, final: bool = False) -> SpoolEntry | None:
-        """Seal what is closed into one spooled archive; returns its entry, or None when nothing was closed."""
+    def _table_members(self, pids: set[int]) -> tuple[list[ArchiveMember], dict[str, tuple[int, int]]]:
+        """Process-group tables for this seal: those of the processes in it, and any new or changed one.
+
+        Tables stay in place (their process may rewrite them); a bad one is skipped with a warning.
+        """
+        members: list[ArchiveMember] = []
+        stamps: dict[str, tuple[int, int]] = {}
+        try:
+            paths = sorted(p for p in self.metadata_dir.iterdir() if TABLE_NAME.match(p.name))
+        except OSError:
+            return members, stamps
+        for path in paths:
+            try:
+                st = path.stat()
+                stamp = (st.st_mtime_ns, st.st_size)
+                pid = int(path.name.rsplit("-", 1)[1].split(".", 1)[0])
+            except (OSError, ValueError, IndexError):
+                continue
+            if pid not in pids and self.archived_tables.get(path.name) == stamp:
+                continue
+            try:
+                if st.st_size > MAX_TABLE_BYTES:
+                    raise TableError(f"larger than {MAX_TABLE_BYTES >> 20} MiB")
+                data = path.read_bytes()
+                parse_table(data, path.name)
+            except (OSError, TableError) as exc:
+                log.warning("process-group table %s not archived: %s", path, exc)
+                continue
+            members.append(ArchiveMember(f"metadata/{path.name}", data=data))
+            stamps[path.name] = stamp
+        return members, stamps
+
+    def seal(self, final: bool = False, extra: Sequence[ArchiveMember] = ()) -> SpoolEntry | None:
+        """Seal what is closed into one spooled archive; returns its entry, or None when nothing was closed.
+
+        ``extra`` members (live step summaries, counter samples) go into the archive when one is written;
+        with None returned they were not archived and the caller keeps them for the next seal.
+        """
         self.seal_orphans(0.0 if final else None)
         try:
             sealed = sorted(p for p in self.logs_dir.iterdir() if p.name.endswith(".cilog" + SEALED_SUFFIX))
@@ -152,6 +195,7 @@ class Archiver:
         ranks: set[int] = set()
         comms: dict[int, dict[str, Any]] = {}
         records_total = 0
+        pids: set[int] = set()
         for path in sealed:
             if not MEMBER_NAME.match(f"segments/{path.name}"):
                 self._quarantine(path, "its name is not allowed in an archive")
@@ -166,6 +210,7 @@ class Archiver:
             members.append(ArchiveMember(f"segments/{path.name}", path=path, records=len(records)))
             inputs.append(str(path))
             records_total += len(records)
+            pids.add(hdr.pid)
             if hdr.global_rank >= 0:
                 ranks.add(hdr.global_rank)
             if len(records):
@@ -175,11 +220,27 @@ class Archiver:
                 hi = int(ends.max())
                 first_ns = lo if not first_ns or (lo and lo < first_ns) else first_ns
                 last_ns = max(last_ns, hi)
-                uniq, index = np.unique(records["comm_hash"], return_index=True)
-                for comm, i in zip(uniq.tolist(), index.tolist(), strict=True):
+                uniq, index, inverse = np.unique(records["comm_hash"], return_index=True, return_inverse=True)
+                never = np.iinfo(np.int64).max
+                starts = records["enqueue_start_ns"].astype(np.int64)
+                firsts = np.full(len(uniq), never, dtype=np.int64)
+                np.minimum.at(firsts, inverse, np.where(starts > 0, starts, never))
+                for comm, i, first in zip(uniq.tolist(), index.tolist(), firsts.tolist(), strict=True):
                     c = comms.setdefault(
-                        comm, {"comm_hash": f"0x{comm:016x}", "comm_name": "", "nranks": 0, "ranks": set()}
+                        comm,
+                        {
+                            "comm_hash": f"0x{comm:016x}",
+                            "comm_name": "",
+                            "nranks": 0,
+                            "ranks": set(),
+                            "positions": {},
+                            "first_ns": 0,
+                        },
                     )
+                    if first != never:
+                        c["first_ns"] = min(c["first_ns"] or first, first)
+                    if hdr.global_rank >= 0:
+                        c["positions"][str(hdr.global_rank)] = int(records["rank"][i])
                     c["comm_name"] = c["comm_name"] or bytes(records["comm_name"][i]).split(b"\0")[0].decode(
                         "utf-8", "replace"
                     )
@@ -203,8 +264,11 @@ class Archiver:
             members.append(ArchiveMember(name, path=path))
             inputs.append(str(path))
         segment_count = sum(m.name.startswith("segments/") for m in members)  # quarantined ones excluded
-        if not segment_count and not (final and members):
+        if not segment_count and not (final and (members or extra)):
             return None  # hang files alone wait for the next segment (or the final seal)
+        table_members, table_stamps = self._table_members(pids)
+        members = table_members + members  # tables first: a reader wanting names stops before the segments
+        members.extend(m for m in extra if MEMBER_NAME.match(m.name))
         now = time.time_ns()
         first_ns = first_ns or now
         last_ns = last_ns or now
@@ -247,6 +311,7 @@ class Archiver:
         self._commit(journal)
         self.journal.unlink(missing_ok=True)
         self.dropped_since_seal = {"ring": 0, "lost": 0}
+        self.archived_tables.update(table_stamps)
         self.stats.archives += 1
         self.stats.records += records_total
         self.stats.segments += segment_count

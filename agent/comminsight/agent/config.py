@@ -72,6 +72,15 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError("must be true or false (1/0, yes/no, on/off)")
+
+
 def _positive_int(text: str) -> int:
     value = int(text.replace("_", ""), 0)
     if value <= 0:
@@ -179,14 +188,40 @@ class AgentConfig:
         metadata=_opt("COMMINSIGHT_AGENT_HANG_THRESHOLD", _threshold, "Hang threshold in seconds, or auto"),
     )
     hang_floor: float = field(
-        default=30.0,
+        default=10.0,
         metadata=_opt("COMMINSIGHT_AGENT_HANG_FLOOR", _positive_float, "Smallest adaptive hang threshold (s)"),
     )
     hang_factor: float = field(
         default=20.0,
         metadata=_opt(
-            "COMMINSIGHT_AGENT_HANG_FACTOR", _positive_float, "Adaptive threshold = factor x the op's normal duration"
+            "COMMINSIGHT_AGENT_HANG_FACTOR",
+            _positive_float,
+            "Adaptive threshold = factor x the op's normal enqueue-to-completion time",
         ),
+    )
+    hang_cold: float = field(
+        default=60.0,
+        metadata=_opt(
+            "COMMINSIGHT_AGENT_HANG_COLD",
+            _positive_float,
+            "Threshold (s) for an op with no completed history on its communicator yet",
+        ),
+    )
+    sample_interval: float = field(
+        default=5.0,
+        metadata=_opt(
+            "COMMINSIGHT_AGENT_SAMPLE_INTERVAL",
+            _non_negative_float,
+            "Seconds between GPU (NVML) and NIC (sysfs) counter samples; 0 = off",
+        ),
+    )
+    sysfs_root: Path = field(
+        default=Path("/sys"),
+        metadata=_opt("COMMINSIGHT_AGENT_SYSFS_ROOT", Path, "Root of sysfs (InfiniBand/RoCE port counters)"),
+    )
+    steps_enabled: bool = field(
+        default=True,
+        metadata=_opt("COMMINSIGHT_AGENT_STEPS", _bool, "Run the semantic engine live (per-GPU Step summaries)"),
     )
     archive_mount_path: str = field(
         default="",
@@ -269,6 +304,10 @@ class AgentConfig:
     @property
     def state_dir(self) -> Path:
         return self.home / "metadata" / "agent"
+
+    @property
+    def steps_dir(self) -> Path:
+        return self.home / "semantics" / "step"
 
     @property
     def lock_path(self) -> Path:

@@ -22,16 +22,24 @@ from comminsight.agent import AGENT_VERSION
 from comminsight.agent.archiver import Archiver
 from comminsight.agent.cluster import ClusterView
 from comminsight.agent.config import AgentConfig
+from comminsight.agent.diagnosis import NodeEvidence, diagnose
 from comminsight.agent.ingest import Ingest, atomic_write_json
 from comminsight.agent.providers import build_providers
+from comminsight.agent.samplers import Samplers
 from comminsight.agent.segments import pid_alive
 from comminsight.agent.server import AgentServer
 from comminsight.agent.spool import Spool
 from comminsight.agent.state import LiveState
+from comminsight.agent.steps import LiveSteps
 from comminsight.agent.uploader import LiveReporter
+from comminsight.evidence.process_groups import FILE_NAME as TABLE_NAME
+from comminsight.evidence.process_groups import load_tables, name_communicators, naming_summary
+from comminsight.formats.archive import ArchiveMember
 
 log = logging.getLogger("comminsight.agent")
 FINAL_DELIVERY_S = 10.0
+SEAL_ACK_WAIT_S = 2.0  # how long a seal waits for the writers to seal their open segments on request
+DIAGNOSIS_INTERVAL_S = 2.0  # re-run the live chain analysis at most this often while a hang is suspected
 
 
 class AlreadyRunning(RuntimeError):
@@ -95,10 +103,18 @@ class Agent:
         self.stop_event = threading.Event()
         for d in (config.shms_dir, config.logs_dir, config.hang_dir, config.spool_dir, config.state_dir):
             d.mkdir(parents=True, exist_ok=True)
-        self.state = LiveState(config.hang_threshold, config.hang_floor, config.hang_factor)
+        self.state = LiveState(config.hang_threshold, config.hang_floor, config.hang_factor, config.hang_cold)
+        self.steps = LiveSteps(config.steps_dir, config.host, lambda: self.state.pid_global_rank)
         self.ingest = Ingest(
-            config.shms_dir, config.logs_dir, config.state_dir, self.state, config.batch_records, proc_root
+            config.shms_dir,
+            config.logs_dir,
+            config.state_dir,
+            self.state,
+            config.batch_records,
+            proc_root,
+            on_batch=self.steps.feed if config.steps_enabled else None,
         )
+        self.samplers = Samplers(config.sample_interval, config.sysfs_root)
         self.spool = Spool(
             config.spool_dir,
             build_providers(config),
@@ -118,20 +134,31 @@ class Agent:
             node_ip=config.node_ip,
             orphan_grace_s=config.orphan_grace,
             proc_root=proc_root,
+            metadata_dir=config.home / "metadata",
         )
         self.reporter = LiveReporter(config)
         self.cluster = ClusterView()
+        self._names_key: tuple = ((), -1, -1)
+        self._tables: list[dict[str, Any]] = []
+        self.naming: dict[str, Any] = {}
         self.server: AgentServer | None = None
         self.last_loop = time.monotonic()
         self.last_checkpoint_ns = 0
         self.checkpoint_error = ""
         self.hang_history: list[dict[str, Any]] = []
         self._dropped_seen: dict[str, int] = {}
+        self.diagnosis: dict[str, Any] | None = None
+        self._diagnosed_at = 0.0
+        self._seal_wait: tuple[float, dict[str, int]] | None = None  # (deadline, ring -> seal request)
+        self._rate_mark = (time.monotonic(), time.process_time(), 0)
+        self.agent_rates = {"records_per_s": None, "cpu_pct": None}
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
         self.archiver.recover()
+        self.steps.restore()
         self.ingest.restore()
+        self.samplers.start()
         self.server = AgentServer(self, self.config.listen_host, self.config.listen_port)
         self.server.start()
         self.spool.start(idle_s=max(1.0, self.config.poll_interval * 5))
@@ -164,8 +191,11 @@ class Agent:
                     self.checkpoint()
                     next_checkpoint = now + cfg.checkpoint_interval
                 if now >= next_seal:
-                    self.seal()
+                    self.request_seals()
                     next_seal = now + cfg.archive_interval
+                if self._seal_wait is not None and self._seals_acknowledged(now):
+                    self._seal_wait = None
+                    self.seal()
                 if now >= next_live:
                     self.report_live()
                     next_live = now + cfg.live_interval
@@ -177,9 +207,83 @@ class Agent:
         self.ingest.poll_rings()
         self.ingest.tail_segments()
         self._track_drops()
-        _, new = self.state.detect_hangs()
+        self.refresh_group_names()
+        self._ask_for_inflight()
+        current, new = self.state.detect_hangs()
         if new:
             self.on_hang(new)
+        self._diagnose(current, bool(new))
+
+    def _ask_for_inflight(self) -> None:
+        """Have every writer report ops in flight past a third of the smallest threshold (its own scan, 1/s)."""
+        age = self.state.min_threshold_s() / 3.0
+        for ring in self.ingest.rings.values():
+            ring.reader.set_inflight_report(age)
+
+    def _diagnose(self, suspicions: list[dict[str, Any]], changed: bool) -> None:
+        """Name the root cause of a suspected hang with the CLI's chain analysis over the live state."""
+        cluster_hang = self.config.mode == "master" and any(r.get("hang") for r in self.cluster.reports.values())
+        if not suspicions and not cluster_hang:
+            self.diagnosis = None
+            return
+        now = time.monotonic()
+        if not changed and now - self._diagnosed_at < DIAGNOSIS_INTERVAL_S:
+            return
+        self._diagnosed_at = now
+        try:
+            result = diagnose(self.evidence())
+        except Exception:
+            log.exception("live root-cause analysis failed; suspicions stand without it")
+            return
+        if result and (not self.diagnosis or result["root_cause_ranks"] != self.diagnosis["root_cause_ranks"]):
+            result["diagnosed_ns"] = time.time_ns()
+            log.error("hang root cause: %s", result["summary"])
+            self.diagnosis = result
+            self.hang_history = [*self.hang_history, {"kind": "comminsight.hang.root_cause", **result}][-50:]
+            self.report_live()
+        elif result:
+            self.diagnosis = {**result, "diagnosed_ns": self.diagnosis["diagnosed_ns"] if self.diagnosis else 0}
+
+    def evidence(self) -> list[NodeEvidence]:
+        """This node's diagnosis evidence, plus (on a master) each slave's latest."""
+        items = [NodeEvidence(self.config.node, self.state.evidence_records(), dict(self.state.pid_global_rank))]
+        if self.config.mode == "master":
+            for node, report in list(self.cluster.reports.items()):
+                if node == self.config.node or "evidence" not in report:
+                    continue
+                try:
+                    items.append(NodeEvidence.from_json(node, report["evidence"]))
+                except (ValueError, TypeError) as exc:
+                    log.warning("evidence from node %s unusable: %s", node, exc)
+        return items
+
+    def refresh_group_names(self) -> None:
+        """Join the hook's process-group tables (<home>/metadata) to the live communicators.
+
+        Tables are re-read only when the folder changed; the join itself is redone when the set of
+        communicators grew (a handful per job, so this costs nothing per poll).
+        """
+        metadata = self.config.home / "metadata"
+        try:
+            signature = tuple(
+                sorted(
+                    (p.name, p.stat().st_mtime_ns, p.stat().st_size)
+                    for p in metadata.iterdir()
+                    if TABLE_NAME.match(p.name)
+                )
+            )
+        except OSError:
+            signature = ()
+        key = (signature, len(self.state.comms), sum(len(c.ranks) for c in list(self.state.comms.values())))
+        if key == self._names_key:
+            return
+        if signature != self._names_key[0]:
+            self._tables = load_tables(metadata) if signature else []
+        self._names_key = key
+        observations = self.state.observations()
+        names = name_communicators(observations, self._tables)
+        self.state.set_group_names(names)
+        self.naming = naming_summary(observations, names, self._tables)
 
     def _track_drops(self) -> None:
         for kind, table in (("ring", self.ingest.counters.ring_dropped), ("lost", self.ingest.counters.ring_lost)):
@@ -198,6 +302,9 @@ class Agent:
 
     def checkpoint(self) -> None:
         try:
+            # Steps first: a crash between the two leaves the step engine ahead, and it skips the records
+            # it already fed when the ring replays them (LiveSteps.fed_seq).
+            self.steps.checkpoint()
             self.ingest.checkpoint()
             self.last_checkpoint_ns = time.time_ns()
             self.checkpoint_error = ""
@@ -205,23 +312,71 @@ class Agent:
             self.checkpoint_error = str(exc)
             log.error("checkpoint failed: %s (ring tails not published, nothing lost)", exc)
 
+    def request_seals(self) -> None:
+        """Ask every live writer to seal its open segment, so the archive about to be made is current."""
+        requests = {}
+        for name, ring in self.ingest.rings.items():
+            if not ring.reader.counters()["writer_closed"] and pid_alive(
+                ring.reader.info.writer_pid, self.ingest.proc_root
+            ):
+                requests[name] = ring.reader.request_seal()
+        self._seal_wait = (time.monotonic() + SEAL_ACK_WAIT_S, requests)
+
+    def _seals_acknowledged(self, now: float) -> bool:
+        assert self._seal_wait is not None
+        deadline, requests = self._seal_wait
+        if now >= deadline:
+            return True  # a writer that does not answer (old profiler, stuck process) does not hold the seal
+        for name, request in requests.items():
+            ring = self.ingest.rings.get(name)
+            if ring is not None and ring.reader.seal_done < request:
+                return False
+        return True
+
     def seal(self, final: bool = False) -> None:
         self.ingest.tail_segments()  # live state sees a segment's records before the seal removes it
+        if final and self.config.steps_enabled and not self._writers_alive():
+            # The job is over on this node: its open steps are final. (An agent restarted under a running
+            # job keeps them open in its checkpoint instead, so the series continues without a seam.)
+            try:
+                self.steps.flush()
+            except Exception:
+                log.exception("final step flush failed")
+        extra, steps_upto, metrics = self._extra_members()
         try:
-            self.archiver.seal(final=final)
+            entry = self.archiver.seal(final=final, extra=extra)
         except OSError as exc:
             log.error("seal failed: %s (inputs kept for the next seal)", exc)
+            entry = None
+        if entry is not None:
+            self.steps.mark_archived(steps_upto)
+        elif metrics is not None:
+            self.samplers.restore_table(metrics)
         for base in list(self.ingest.segment_offsets):
             if not (self.config.logs_dir / base).exists() and not (self.config.logs_dir / f"{base}.sealed").exists():
                 self.ingest.forget_segment(base)
 
+    def _extra_members(self) -> tuple[list[ArchiveMember], dict[str, int], bytes | None]:
+        """Step summaries and counter samples not archived yet, as archive members."""
+        extra = []
+        stamp = time.time_ns()
+        lines, upto = self.steps.unarchived()
+        if lines:
+            extra.append(ArchiveMember(f"steps/steps-{stamp}.jsonl", data=lines, records=lines.count(b"\n")))
+        metrics = self.samplers.take_table()
+        if metrics is not None:
+            extra.append(ArchiveMember(f"metrics/samples-{stamp}.parquet", data=metrics))
+        return extra, upto, metrics
+
     def shutdown(self) -> None:
         log.info("shutting down: final consume, checkpoint and seal")
+        self.samplers.stop()
         try:
             self.ingest.discover_rings()
             self.step()
             self.checkpoint()
             self.seal(final=True)
+            self.checkpoint()
             self.report_live(final=True)
         except Exception:
             log.exception("final seal failed")
@@ -269,7 +424,15 @@ class Agent:
         current = list(self.state.suspicions.values())
         if self.config.mode == "master" and self.cluster.reports:
             _, current = self.cluster.merge(self.config.node, self.state.communicators_view(), current)
-        return {"hang": bool(current), "suspicions": current, "history": self.hang_history[-10:]}
+        view: dict[str, Any] = {"hang": bool(current), "suspicions": current, "history": self.hang_history[-10:]}
+        if current and self.diagnosis:
+            view.update(
+                root_cause_ranks=self.diagnosis["root_cause_ranks"],
+                first_stuck=self.diagnosis["first_stuck"],
+                summary=self.diagnosis["summary"],
+                diagnosed_ns=self.diagnosis["diagnosed_ns"],
+            )
+        return view
 
     # ---- views ---------------------------------------------------------------------------------
     def lag_seconds(self) -> float:
@@ -299,6 +462,15 @@ class Agent:
                 if isinstance(p, dict) and int(p.get("global_rank", -1)) >= 0
             }
         )
+        hang: dict[str, Any] | None = None
+        if hangs:
+            hang = {"suspicions": hangs, "root_cause_ranks": None, "first_stuck": None}
+            if self.diagnosis:
+                hang.update(
+                    root_cause_ranks=self.diagnosis["root_cause_ranks"],
+                    first_stuck=self.diagnosis["first_stuck"],
+                    summary=self.diagnosis["summary"],
+                )
         return {
             "workload_id": self.config.workload_id,
             "node": self.config.node,
@@ -308,14 +480,51 @@ class Agent:
             "sent_ns": time.time_ns(),
             "ranks": ranks,
             "communicators": comms,
-            "hang": hangs or None,
+            "hang": hang,
+            "steps": self._merged_steps(),
+            "devices": self.samplers.devices,
+            "nics": self.samplers.nics,
+            "agent": self.agent_view(),
+        }
+
+    def _merged_steps(self) -> list[dict[str, Any]]:
+        """Latest step per rank: this node's, plus (on a master) its slaves' (ranks are global)."""
+        steps = {s["rank"]: s for s in self.steps.latest_steps()}
+        if self.config.mode == "master":
+            for node, report in list(self.cluster.reports.items()):
+                if node == self.config.node or not isinstance(report.get("steps"), list):
+                    continue
+                for s in report["steps"]:
+                    if isinstance(s, dict) and isinstance(s.get("rank"), int) and s["rank"] not in steps:
+                        steps[s["rank"]] = s
+        return [steps[r] for r in sorted(steps)]
+
+    def agent_view(self) -> dict[str, Any]:
+        """The agent's own health for the heartbeat: rate, drops, in-flight ops, CPU share of one core."""
+        now, cpu = time.monotonic(), time.process_time()
+        then, cpu_then, records_then = self._rate_mark
+        if now - then >= 1.0:
+            self.agent_rates = {
+                "records_per_s": round((self.state.records_applied - records_then) / (now - then), 3),
+                "cpu_pct": round(100.0 * (cpu - cpu_then) / (now - then), 3),
+            }
+            self._rate_mark = (now, cpu, self.state.records_applied)
+        dropped = sum(self.ingest.counters.ring_dropped.values()) + sum(self.ingest.counters.ring_lost.values())
+        return {
+            "records_per_s": self.agent_rates["records_per_s"],
+            "dropped_records": dropped,
+            "inflight_ops": len(self.state.inflight),
+            "cpu_pct": self.agent_rates["cpu_pct"],
         }
 
     def report_live(self, final: bool = False) -> None:
         if self.reporter.target:
             payload = self.live_payload()
             if self.config.mode == "slave":
-                payload["hang"] = payload["hang"] or []
+                # To the master: the suspicions as a list (ClusterView merges them) and the evidence
+                # its live chain analysis needs from this node.
+                payload["hang"] = list(self.state.suspicions.values())
+                payload["evidence"] = self.evidence()[0].to_json()
             payload["finished"] = final and not self._writers_alive()
             self.reporter.post(payload)
 

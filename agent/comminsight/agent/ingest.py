@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,7 @@ class Ingest:
         state: LiveState,
         batch_records: int = 65536,
         proc_root: Path = Path("/proc"),
+        on_batch: Callable[[str, Any], Any] | None = None,
     ) -> None:
         self.shms_dir = shms_dir
         self.logs_dir = logs_dir
@@ -78,6 +80,7 @@ class Ingest:
         self.state = state
         self.batch_records = batch_records
         self.proc_root = proc_root
+        self.on_batch = on_batch  # also sees every verified batch (the live step engine), after the state
         self.rings: dict[str, _Ring] = {}
         self.bad_files: dict[str, tuple[int, float]] = {}  # name -> (size, mtime) of a file already reported
         self.saved_cursors: dict[str, tuple[int, int]] = {}  # ring name -> (writer_start_ns, cursor)
@@ -216,6 +219,8 @@ class Ingest:
                         )
                     if len(batch.records):
                         applied += self.state.apply(ring.writer, batch.records)
+                        if self.on_batch is not None:
+                            self.on_batch(ring.writer, batch.records)
                     if batch.next_index == batch.first_index or reader.pending == 0:
                         break
                 counters = reader.counters()
@@ -287,6 +292,8 @@ class Ingest:
                 log.warning("%s: %d corrupt records skipped (bad magic or checksum)", path.name, corrupt)
             self.segment_offsets[base] = new_offset
             applied += self.state.apply(writer, records)
+            if self.on_batch is not None and len(records):
+                self.on_batch(writer, records)
         self.counters.records += applied
         return applied
 

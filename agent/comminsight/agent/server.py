@@ -130,6 +130,72 @@ class AgentCollector:
         yield CounterMetricFamily(
             "comminsight_live_report_failures", "Failed live reports (site or master)", value=agent.reporter.failures
         )
+        yield from _step_metrics(agent)
+        yield from _sampler_metrics(agent)
+
+
+def _step_metrics(agent: Agent) -> Iterator[Metric]:
+    duration = GaugeMetricFamily(
+        "comminsight_step_duration_seconds", "Duration of the latest final step, per rank", labels=["rank"]
+    )
+    comm = GaugeMetricFamily(
+        "comminsight_step_comm_seconds", "Time in communication in the latest final step, per rank", labels=["rank"]
+    )
+    total = CounterMetricFamily("comminsight_steps", "Final steps recovered live, per rank", labels=["rank"])
+    with agent.steps.lock:
+        latest = dict(agent.steps.latest)
+        totals = dict(agent.steps.steps_total)
+    for key, s in sorted(latest.items()):
+        label = str(s["rank"]) if s["rank"] >= 0 else f"pid{s['pid']}"
+        duration.add_metric([label], s["duration_s"])
+        comm.add_metric([label], s["comm_s"])
+        total.add_metric([label], totals.get(key, 0))
+    yield from (duration, comm, total)
+
+
+_GPU_METRICS = (
+    ("util_pct", "comminsight_gpu_utilization_percent", "GPU utilisation (NVML)"),
+    ("mem_used_bytes", "comminsight_gpu_memory_used_bytes", "GPU memory used"),
+    ("mem_total_bytes", "comminsight_gpu_memory_total_bytes", "GPU memory total"),
+    ("power_w", "comminsight_gpu_power_watts", "GPU power draw"),
+    ("sm_clock_mhz", "comminsight_gpu_sm_clock_mhz", "SM clock"),
+    ("nvlink_tx_bytes_per_s", "comminsight_gpu_nvlink_tx_bytes_per_second", "NVLink data sent"),
+    ("nvlink_rx_bytes_per_s", "comminsight_gpu_nvlink_rx_bytes_per_second", "NVLink data received"),
+    ("pcie_tx_bytes_per_s", "comminsight_gpu_pcie_tx_bytes_per_second", "PCIe sent"),
+    ("pcie_rx_bytes_per_s", "comminsight_gpu_pcie_rx_bytes_per_second", "PCIe received"),
+)
+_NIC_METRICS = (
+    ("rx_bytes_per_s", "comminsight_nic_rx_bytes_per_second", "Port data received"),
+    ("tx_bytes_per_s", "comminsight_nic_tx_bytes_per_second", "Port data sent"),
+    ("rx_packets_per_s", "comminsight_nic_rx_packets_per_second", "Port packets received"),
+    ("tx_packets_per_s", "comminsight_nic_tx_packets_per_second", "Port packets sent"),
+    ("errors_per_s", "comminsight_nic_errors_per_second", "Port errors (sum of the error counters)"),
+    ("discards_per_s", "comminsight_nic_discards_per_second", "Port discards"),
+)
+
+
+def _sampler_metrics(agent: Agent) -> Iterator[Metric]:
+    devices, nics = agent.samplers.devices, agent.samplers.nics
+    for key, name, doc in _GPU_METRICS:
+        family = GaugeMetricFamily(name, doc, labels=["gpu", "uuid"])
+        for d in devices:
+            if d.get(key) is not None:
+                family.add_metric([str(d["gpu"]), d["uuid"]], d[key])
+        yield family
+    for key, name, doc in _NIC_METRICS:
+        family = GaugeMetricFamily(name, doc, labels=["device", "port"])
+        for n in nics:
+            if n.get(key) is not None:
+                family.add_metric([n["device"], str(n["port"])], n[key])
+        yield family
+    totals = CounterMetricFamily(
+        "comminsight_nic_counter",
+        "Raw port counters as the kernel reports them (bytes for data)",
+        labels=["device", "port", "counter"],
+    )
+    for (device, port, counter), value in sorted(agent.samplers.nic.totals.items()):
+        totals.add_metric([device, str(port), counter], value)
+    yield totals
 
 
 def _handler(agent: Agent) -> type[BaseHTTPRequestHandler]:
@@ -166,11 +232,15 @@ def _handler(agent: Agent) -> type[BaseHTTPRequestHandler]:
                 elif path == "/api/v1/status":
                     self._json(200, agent.status())
                 elif path == "/api/v1/communicators":
-                    self._json(200, {"communicators": agent.communicators()})
+                    self._json(200, {"communicators": agent.communicators(), "names": agent.naming})
                 elif path == "/api/v1/inflight":
                     self._json(200, {"inflight": agent.state.inflight_view()})
                 elif path == "/api/v1/hang":
                     self._json(200, agent.hang_view())
+                elif path == "/api/v1/steps":
+                    self._json(200, agent.steps.view())
+                elif path == "/api/v1/devices":
+                    self._json(200, {"devices": agent.samplers.devices, "nics": agent.samplers.nics})
                 elif path == "/api/v1/cluster":
                     self._json(200, agent.cluster_view_json())
                 else:

@@ -13,6 +13,7 @@ process is known from its raw-log segment header and attached where known.
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from comminsight.evidence.process_groups import Observation
 from comminsight.formats import header
 from comminsight.formats.ring import Columns
 
@@ -53,6 +55,7 @@ class OpStats:
     bytes: int = 0
     busbw: float = 0.0  # bytes/s of the last batch that had durations
     normal_ns: float = 0.0  # EWMA of the batch p95 duration: "this op's normal duration"
+    latency_ns: float = 0.0  # EWMA of the batch p95 enqueue-to-completion time: what an in-flight age compares to
 
 
 @dataclass
@@ -75,6 +78,25 @@ class Communicator:
     ranks: dict[int, RankProgress] = field(default_factory=dict)
     ops: dict[str, OpStats] = field(default_factory=dict)
     node: str = ""
+    first_seen_ns: int = 0
+    group: dict[str, Any] = field(default_factory=dict)  # the process-group join: name, desc, ranks, source, note
+
+    @property
+    def display_name(self) -> str:
+        """NCCL's commName, else ``"<group_desc>:<group_name>"`` from the process-group join, else empty."""
+        if self.name or not self.group:
+            return self.name
+        return f"{self.group.get('desc') or 'undefined'}:{self.group.get('name', '')}"
+
+    def group_view(self) -> dict[str, Any]:
+        """The joined group fields every view shows beside the hash."""
+        return {
+            "group_name": self.group.get("name", ""),
+            "group_desc": self.group.get("desc", ""),
+            "group_ranks": self.group.get("ranks", []),
+            "name_source": self.group.get("source", "comm_name" if self.name else ""),
+            "name_note": self.group.get("note", ""),
+        }
 
 
 @dataclass
@@ -91,7 +113,13 @@ class InFlight:
 class LiveState:
     """Thread-safe aggregate state; the daemon's loop writes, the HTTP handlers read snapshots."""
 
-    def __init__(self, hang_threshold_s: float = 0.0, hang_floor_s: float = 30.0, hang_factor: float = 20.0) -> None:
+    def __init__(
+        self,
+        hang_threshold_s: float = 0.0,
+        hang_floor_s: float = 10.0,
+        hang_factor: float = 20.0,
+        hang_cold_s: float = 60.0,
+    ) -> None:
         self.lock = threading.RLock()
         self.comms: dict[int, Communicator] = {}
         self.inflight: dict[tuple[int, str, int, int], InFlight] = {}
@@ -103,6 +131,12 @@ class LiveState:
         self.hang_floor_s = hang_floor_s
         self.hang_factor = hang_factor
         self.suspicions: dict[tuple[int, str, int], dict[str, Any]] = {}
+        self.hang_cold_s = hang_cold_s
+        # Evidence for the live chain analysis (comminsight.agent.diagnosis): per (comm, func, rank, peer)
+        # the record of the highest completed seq, and the record of every op in flight. Bounded by the
+        # number of streams, not of events.
+        self.last_records: dict[tuple[int, str, int, int], np.void] = {}
+        self.inflight_records: dict[tuple[int, str, int, int], np.void] = {}
 
     # ---- ingest -------------------------------------------------------------------------------
     def fresh(self, writer: str, records: Batch) -> Batch:
@@ -142,9 +176,25 @@ class LiveState:
                 "dur": np.where(gpu, gpu_dur, cpu_dur),
             }
         )
-        timeouts = frame.filter(pl.col("state") == consts["CI_STATE_TIMEOUT"])
-        done = frame.filter(pl.col("state") != consts["CI_STATE_TIMEOUT"])
-        per_rank = done.group_by("comm", "func", "rank").agg(
+        snapshot_states = [consts["CI_STATE_TIMEOUT"], consts["CI_STATE_INFLIGHT"]]
+        frame = frame.with_row_index("_i")
+        timeouts = frame.filter(pl.col("state").is_in(snapshot_states))
+        done = frame.filter(~pl.col("state").is_in(snapshot_states))
+        # An op still in flight when its communicator finalized (an aborted job) was recorded, not completed:
+        # it must not advance the rank's progress, or a job aborted while hung would look as if it recovered.
+        completed = done.filter(pl.col("state") != consts["CI_STATE_ABANDONED"])
+        # The record at each stream's highest completed seq (peer too: P2P seqs count per peer).
+        last_idx = (
+            completed.with_columns(peer=pl.Series(records["peer"]).gather(completed.get_column("_i")))
+            .sort("seq")
+            .group_by("comm", "func", "rank", "peer")
+            .agg(pl.col("_i").last())
+            .get_column("_i")
+            .to_numpy()
+        )
+        last_rows = _rows(records, last_idx)
+        snap_rows = _rows(records, timeouts.get_column("_i").to_numpy())
+        per_rank = completed.group_by("comm", "func", "rank").agg(
             pl.len().alias("n"),
             pl.col("seq").max().alias("seq_max"),
             pl.col("done").max().alias("done_max"),
@@ -158,19 +208,29 @@ class LiveState:
             pl.col("bytes").filter(pl.col("dur") > 0).sum().alias("timed_bytes"),
             pl.col("dur").filter(pl.col("dur") > 0).sum().alias("dur_sum"),
             pl.col("dur").filter(pl.col("dur") > 0).quantile(0.95).alias("dur_p95"),
+            (pl.col("done") - pl.col("enq"))
+            .filter((pl.col("done") > 0) & (pl.col("enq") > 0))
+            .quantile(0.95)
+            .alias("lat_p95"),
         )
         names = {}
-        uniq_comm, first_idx = np.unique(records["comm_hash"], return_index=True)
-        for comm, index in zip(uniq_comm.tolist(), first_idx.tolist(), strict=True):
+        uniq_comm, first_idx, comm_inverse = np.unique(records["comm_hash"], return_index=True, return_inverse=True)
+        enqueued = records["enqueue_end_ns"].astype(np.int64)
+        firsts = np.full(len(uniq_comm), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(firsts, comm_inverse, np.where(enqueued > 0, enqueued, np.iinfo(np.int64).max))
+        for comm, index, first in zip(uniq_comm.tolist(), first_idx.tolist(), firsts.tolist(), strict=True):
             names[comm] = (
                 bytes(records["comm_name"][index]).split(b"\0", 1)[0].decode("utf-8", "replace"),
                 int(records["nranks"][index]),
+                first if first != np.iinfo(np.int64).max else 0,
             )
         with self.lock:
-            for comm, (name, nranks) in names.items():
+            for comm, (name, nranks, first) in names.items():
                 c = self.comms.setdefault(comm, Communicator(comm))
                 c.name = c.name or name
                 c.nranks = max(c.nranks, nranks)
+                if first and (not c.first_seen_ns or first < c.first_seen_ns):
+                    c.first_seen_ns = first
             for row in per_rank.iter_rows(named=True):
                 c = self.comms[row["comm"]]
                 func = func_names[row["func"]]
@@ -196,6 +256,9 @@ class LiveState:
                     stats.busbw = row["timed_bytes"] * bus_factor(func, c.nranks) / (row["dur_sum"] / 1e9)
                     p95 = float(row["dur_p95"] or 0.0)
                     stats.normal_ns = p95 if stats.normal_ns == 0 else (1 - _EWMA) * stats.normal_ns + _EWMA * p95
+                lat = float(row["lat_p95"] or 0.0)
+                if lat > 0:
+                    stats.latency_ns = lat if stats.latency_ns == 0 else (1 - _EWMA) * stats.latency_ns + _EWMA * lat
             for row in timeouts.iter_rows(named=True):
                 func = func_names[row["func"]]
                 key = (row["comm"], func, row["seq"], row["rank"])
@@ -209,9 +272,19 @@ class LiveState:
                 if row["enq"] >= rp.last_enqueue_ns:
                     rp.last_enqueue_ns = row["enq"]
                     rp.last_enqueued = (func, row["seq"])
+            for rec in last_rows:
+                key = (int(rec["comm_hash"]), _text(rec["func"]), int(rec["rank"]), int(rec["peer"]))
+                old = self.last_records.get(key)
+                if old is None or int(rec["seq"]) >= int(old["seq"]):
+                    self.last_records[key] = rec
+            for rec in snap_rows:
+                key = (int(rec["comm_hash"]), _text(rec["func"]), int(rec["seq"]), int(rec["rank"]))
+                if key in self.inflight:
+                    self.inflight_records.setdefault(key, rec)
             # An op is no longer in flight once its rank completed that seq (or a later one) of that op.
             for key in [k for k, v in self.inflight.items() if self._completed(v)]:
                 del self.inflight[key]
+                self.inflight_records.pop(key, None)
             self.writer_seq[writer] = max(self.writer_seq.get(writer, -1), int(records["record_seq"].max()))
             self.records_applied += n
             self.newest_record_ns = max(self.newest_record_ns, int(records["complete_ns"].max()))
@@ -237,8 +310,20 @@ class LiveState:
         if self.hang_threshold_s > 0:
             return self.hang_threshold_s
         c = self.comms.get(comm_hash)
-        normal = c.ops[func].normal_ns / 1e9 if c and func in c.ops else 0.0
-        return max(self.hang_floor_s, self.hang_factor * normal)
+        stats = c.ops.get(func) if c else None
+        if stats is None or not stats.latency_ns:
+            # No completed history of this op on this communicator (first call, warm-up): no "normal" yet.
+            return max(self.hang_floor_s, self.hang_cold_s)
+        return max(self.hang_floor_s, self.hang_factor * stats.latency_ns / 1e9)
+
+    def min_threshold_s(self) -> float:
+        """The smallest threshold any op can get: the in-flight report age the profiler is asked for derives from it."""
+        return self.hang_threshold_s if self.hang_threshold_s > 0 else self.hang_floor_s
+
+    def evidence_records(self) -> np.ndarray:
+        """Records for the live chain analysis: each stream's last completion plus every op in flight."""
+        with self.lock:
+            return self.evidence_records_locked()
 
     def detect_hangs(self, now_ns: int | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Re-evaluate suspicions; returns (all current, sorted by communicator and seq; the new or changed ones)."""
@@ -263,7 +348,8 @@ class LiveState:
                 previous = self.suspicions.get(key)
                 current[key] = {
                     "comm_hash": comm_id(comm_hash),
-                    "comm_name": c.name,
+                    "comm_name": c.display_name,
+                    **c.group_view(),
                     "nranks": c.nranks,
                     "op": func,
                     "seq": seq,
@@ -301,6 +387,31 @@ class LiveState:
             self.suspicions = dict(sorted(current.items()))
             return list(self.suspicions.values()), new
 
+    def observations(self) -> list[Observation]:
+        """What the live state knows of each communicator, for the process-group join."""
+        with self.lock:
+            return [
+                Observation(
+                    comm_id=comm_id(c.comm_hash),
+                    size=c.nranks,
+                    positions={rp.global_rank: r for r, rp in c.ranks.items() if rp.global_rank >= 0},
+                    first_seen_ns=c.first_seen_ns,
+                    comm_name=c.name,
+                )
+                for c in self.comms.values()
+            ]
+
+    def set_group_names(self, names: dict[str, dict[str, Any]]) -> None:
+        """Attach the join's result (``{comm_id: {...}}``) to the communicators."""
+        with self.lock:
+            for c in self.comms.values():
+                c.group = names.get(comm_id(c.comm_hash), {})
+            by_id = {comm_id(c.comm_hash): c for c in self.comms.values()}
+            for suspicion in self.suspicions.values():
+                named = by_id.get(suspicion["comm_hash"])
+                if named is not None:
+                    suspicion.update(comm_name=named.display_name, **named.group_view())
+
     # ---- views ---------------------------------------------------------------------------------
     def lagging_ranks(self, c: Communicator) -> list[int]:
         """Ranks whose last completion is behind the communicator's most advanced rank, per op."""
@@ -321,7 +432,8 @@ class LiveState:
                 out.append(
                     {
                         "comm_hash": comm_id(c.comm_hash),
-                        "comm_name": c.name,
+                        "comm_name": c.display_name,
+                        **c.group_view(),
                         "nranks": c.nranks,
                         "node": c.node,
                         "ops": {
@@ -367,7 +479,7 @@ class LiveState:
             return [
                 {
                     "comm_hash": comm_id(op.comm_hash),
-                    "comm_name": self.comms[op.comm_hash].name if op.comm_hash in self.comms else "",
+                    "comm_name": self.comms[op.comm_hash].display_name if op.comm_hash in self.comms else "",
                     "op": op.func,
                     "seq": op.seq,
                     "rank": op.rank,
@@ -399,7 +511,8 @@ class LiveState:
                         "comm_hash": c.comm_hash,
                         "name": c.name,
                         "nranks": c.nranks,
-                        "ops": {f: [s.count, s.bytes, s.busbw, s.normal_ns] for f, s in c.ops.items()},
+                        "first_seen_ns": c.first_seen_ns,
+                        "ops": {f: [s.count, s.bytes, s.busbw, s.normal_ns, s.latency_ns] for f, s in c.ops.items()},
                         "ranks": {
                             str(r): [
                                 rp.pid,
@@ -420,7 +533,13 @@ class LiveState:
                     [op.comm_hash, op.func, op.seq, op.rank, op.pid, op.enqueue_ns, op.bytes]
                     for op in self.inflight.values()
                 ],
+                # Diagnosis evidence, raw records as base64 (ci_op_record layout).
+                "evidence": base64.b64encode(self.evidence_records_locked().tobytes()).decode(),
             }
+
+    def evidence_records_locked(self) -> np.ndarray:
+        rows = [*self.last_records.values(), *self.inflight_records.values()]
+        return np.array(rows, dtype=header.record_dtype()) if rows else np.empty(0, header.record_dtype())
 
     def restore(self, saved: dict[str, Any]) -> None:
         with self.lock:
@@ -431,7 +550,11 @@ class LiveState:
             self.comms = {}
             for item in saved.get("comms", []):
                 c = Communicator(int(item["comm_hash"]), item["name"], int(item["nranks"]))
-                c.ops = {f: OpStats(int(v[0]), int(v[1]), float(v[2]), float(v[3])) for f, v in item["ops"].items()}
+                c.first_seen_ns = int(item.get("first_seen_ns", 0))
+                c.ops = {
+                    f: OpStats(int(v[0]), int(v[1]), float(v[2]), float(v[3]), float(v[4]) if len(v) > 4 else 0.0)
+                    for f, v in item["ops"].items()
+                }
                 for r, v in item["ranks"].items():
                     c.ranks[int(r)] = RankProgress(
                         int(v[0]),
@@ -448,6 +571,33 @@ class LiveState:
             for v in saved.get("inflight", []):
                 op = InFlight(int(v[0]), v[1], int(v[2]), int(v[3]), int(v[4]), int(v[5]), int(v[6]))
                 self.inflight[(op.comm_hash, op.func, op.seq, op.rank)] = op
+            self.last_records, self.inflight_records = {}, {}
+            consts = header.constants()
+            raw = base64.b64decode(saved.get("evidence", ""), validate=True)
+            dtype = header.record_dtype()
+            for rec in np.frombuffer(raw[: len(raw) // dtype.itemsize * dtype.itemsize], dtype).copy():
+                func = _text(rec["func"])
+                if int(rec["state"]) in (consts["CI_STATE_TIMEOUT"], consts["CI_STATE_INFLIGHT"]):
+                    key = (int(rec["comm_hash"]), func, int(rec["seq"]), int(rec["rank"]))
+                    if key in self.inflight:
+                        self.inflight_records[key] = rec
+                else:
+                    self.last_records[(int(rec["comm_hash"]), func, int(rec["rank"]), int(rec["peer"]))] = rec
+
+
+def _text(value: Any) -> str:
+    return bytes(value).split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def _rows(records: Batch, idx: np.ndarray) -> np.ndarray:
+    """Records ``idx`` of a batch as a ci_op_record structured array (copies: batches are transient)."""
+    if isinstance(records, np.ndarray):
+        return records[idx].copy()
+    out = np.zeros(len(idx), header.record_dtype())
+    for name in records.names:
+        out[name] = records[name][idx]
+    header.seal_records(out)
+    return out
 
 
 def _age(now_ns: int, then_ns: int) -> float | None:

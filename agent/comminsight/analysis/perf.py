@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from comminsight.analysis.stragglers import match_operations
+from comminsight.semantic.matching import match_operations
 
 
 def bus_factor(op: str, n: int) -> float:

@@ -13,132 +13,36 @@
    schedule, so these describe symptoms; ``straggler_index`` is the cause measure: the share of
    step time the what-if replay saves were the rank (or the culprit group holding it) not slow.
 3. **Causal waiting.** Every member that waited is linked to the member that arrived last.
-4. **What-if.** A replay of each step on its dependency graph: each event starts after the
-   previous one on its rank plus the observed gap, and a matched operation (a collective, or a
-   send with its receive) ends when its last member has arrived plus the observed transfer.
-   With host enqueue times, a gap runs from the previous issue, or from the completion the host
-   waited for; which one is decided per place in the rank's program, over all ranks and steps
-   running it (a slow rank's previous operation has often ended before it issues the next,
-   which looks like a wait and is not). Making a set of ranks "not slow" replaces their gaps
-   (with how they are anchored) and local (compute) durations by the median of the other ranks
-   running the same program in the step (else doing the same operation); the replayed step time
-   with and without gives the slowdown attributed to them.
-   Culprits are chosen greedily among single ranks and parallel-coordinate groups (a DP rank, a
-   PP stage, a TP rank) while removing the next one still saves ``min_gain`` of the step time
-   and at least 3x the median saving of single ranks (the jitter floor);
-   among candidates saving at least 90% of the best saving, the one with the fewest ranks wins.
+4. **What-if** (the OSDI'25 what-if analysis). Each step's dependency graph (program order per
+   rank, collectives and send/receive pairs completing after their last member arrives plus the
+   transfer, operations posted together completing together; with host enqueue times, issue and
+   device execution apart) is replayed, level by level, for many scenarios at once. The ideal
+   job has every operation and gap at its mean over ranks and steps (``slowdown.ratio`` =
+   observed / ideal); the healthy job has each at most its lower quartile. Attribution replays
+   the healthy job with one subset's observed durations restored (a rank, a DP/PP/TP group, a
+   communicator, an operation kind): ``slowdown_ratio`` >= 1 by construction.
+5. **Culprits** are chosen greedily by removal (the subset whose slowness costs most, then again
+   with it removed, so a rank that only waited saves nothing), named only when the saving stands
+   out from what the others of its kind save, holds in most steps, and its own operations were
+   slower than their peers' by more than the job's pooled noise; the smallest subset that explains
+   the saving is named (one late rank, not its TP group; a DP group, not one of its ranks).
+   Without timings the report says the evidence is insufficient instead of guessing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from comminsight.semantic.matching import match_operations
 from comminsight.semantic.roles import infer_roles
 
 COORDS = ("dp_rank", "pp_rank", "tp_rank")
 NOISE_MULTIPLE = 3.0  # a culprit saves at least this many times the typical rank's saving
-P2P_WINDOW_NS = 2_000_000  # a receive ends within this of its send handing over
 WAIT_CLOCK_SLACK_NS = 50_000  # CPU issue times and GPU end times come from different clocks
-
-
-def _pair_p2p(p2p: pl.DataFrame) -> pl.DataFrame:
-    """recv row -> send row (``partner_row``) for point-to-point events.
-
-    With peers: the n-th send from a to b pairs with the n-th receive on b from a. Without peers:
-    a receive completes just after its send has handed the data over, so it pairs with the send
-    on another rank of the same communicator that ended last before it (within P2P_WINDOW_NS).
-    """
-    with_peer = p2p.filter(pl.col("peer").is_not_null()).with_columns(
-        sender=pl.when(pl.col("op") == "send").then(pl.col("rank")).otherwise(pl.col("peer")),
-        receiver=pl.when(pl.col("op") == "send").then(pl.col("peer")).otherwise(pl.col("rank")),
-    )
-    with_peer = with_peer.with_columns(
-        k=pl.col("arrival_ns").rank("ordinal").over("comm_id", "sender", "receiver", "op")
-    )
-    keys = ["comm_id", "sender", "receiver", "k"]
-    peered = (
-        with_peer.filter(pl.col("op") == "recv")
-        .select("row", *keys)
-        .join(with_peer.filter(pl.col("op") == "send").select(*keys, partner_row=pl.col("row")), on=keys, how="inner")
-        .select("row", "partner_row")
-    )
-    no_peer = p2p.filter(pl.col("peer").is_null())
-    recvs = no_peer.filter(pl.col("op") == "recv").select("row", "rank", "comm_id", "end_ns").sort("end_ns")
-    sends = (
-        no_peer.filter(pl.col("op") == "send")
-        .select(
-            partner_row=pl.col("row"), send_rank=pl.col("rank"), comm_id=pl.col("comm_id"), send_end=pl.col("end_ns")
-        )
-        .sort("send_end")
-    )
-    if recvs.height and sends.height:
-        guessed = recvs.join_asof(
-            sends,
-            left_on="end_ns",
-            right_on="send_end",
-            by="comm_id",
-            strategy="backward",
-            tolerance=P2P_WINDOW_NS,
-            check_sortedness=False,
-        )
-        guessed = guessed.filter(pl.col("partner_row").is_not_null() & (pl.col("send_rank") != pl.col("rank")))
-        guessed = guessed.select("row", "partner_row")
-    else:
-        guessed = pl.DataFrame(schema={"row": pl.Int64, "partner_row": pl.Int64})
-    return pl.concat([peered, guessed], how="vertical_relaxed")
-
-
-def match_operations(df: pl.DataFrame) -> pl.DataFrame:
-    """Per event: matched ``group`` (-1 local), ``partner_row`` (a receive's send), arrival, lateness, waiting.
-
-    ``df`` must carry a ``row`` column (row index); the result is in ``row`` order.
-    """
-    arrival = pl.coalesce(pl.col("start_ns"), pl.col("enqueue_ns"))
-    base = df.select(
-        "row", "rank", "comm_id", "op", "is_p2p", "seq", "peer", "comm_size", "start_ns", "end_ns", "enqueue_ns"
-    )
-    base = base.with_columns(arrival_ns=arrival, end_ns=pl.coalesce(pl.col("end_ns"), arrival))
-    coll = base.filter(~pl.col("is_p2p") & (pl.col("op") != "compute") & (pl.col("comm_size").fill_null(2) > 1))
-    coll = coll.with_columns(
-        key=pl.concat_str([pl.lit("c"), pl.col("comm_id"), pl.col("op"), pl.col("seq").cast(pl.String)], separator="|")
-    )
-    pairs = _pair_p2p(base.filter(pl.col("is_p2p")))
-    # A transfer is a two-member group (receive and its send) for lateness and waiting.
-    p2p_members = pl.concat(
-        [
-            pairs.select("row", key=pl.lit("p|") + pl.col("row").cast(pl.String)),
-            pairs.select(row=pl.col("partner_row"), key=pl.lit("p|") + pl.col("row").cast(pl.String)),
-        ]
-    ).unique("row", keep="first")
-    p2p = base.join(p2p_members, on="row", how="inner")
-    matched = pl.concat([coll, p2p], how="vertical_relaxed")
-    stats = (
-        matched.group_by("key")
-        .agg(first=pl.col("arrival_ns").min(), last=pl.col("arrival_ns").max(), n_members=pl.col("rank").n_unique())
-        .filter(pl.col("n_members") > 1)
-        .with_columns(group=pl.int_range(pl.len(), dtype=pl.Int64))
-    )
-    matched = matched.join(stats, on="key", how="inner").select(
-        "row",
-        "group",
-        "n_members",
-        "is_p2p",
-        lateness_ns=pl.col("arrival_ns") - pl.col("first"),
-        wait_ns=(pl.min_horizontal(pl.col("last"), pl.col("end_ns")) - pl.col("arrival_ns")).clip(lower_bound=0),
-        last_arrival_ns=pl.col("last"),
-    )
-    out = base.select("row", "rank", "arrival_ns").join(matched, on="row", how="left").join(pairs, on="row", how="left")
-    return out.sort("row").with_columns(
-        pl.col("group").fill_null(-1),
-        pl.col("n_members").fill_null(1),
-        pl.col("lateness_ns").fill_null(0),
-        pl.col("wait_ns").fill_null(0),
-        pl.col("is_p2p").fill_null(False),
-    )
 
 
 @dataclass
@@ -151,6 +55,10 @@ class StragglerReport:
     waiting_edges: list[dict]
     per_step: list[dict]
     step_source: str
+    attribution: dict = field(default_factory=dict)
+    evidence: str = "ok"
+    ideal_step_ms: float = 0.0
+    heatmap: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         out = {
@@ -161,6 +69,10 @@ class StragglerReport:
             "waiting": self.waiting_edges,
             "per_step": self.per_step,
             "step_source": self.step_source,
+            "evidence": self.evidence,
+            "ideal_step_ms": self.ideal_step_ms,
+            "attribution": self.attribution,
+            "heatmap": self.heatmap,
         }
         if self.by_coordinate:
             out["by_coordinate"] = self.by_coordinate
@@ -185,46 +97,6 @@ def _with_steps(df: pl.DataFrame, use_labels: bool) -> tuple[pl.DataFrame, str]:
     ), f"recovered ({report.method})"
 
 
-def _replay(ev: dict[str, np.ndarray], gap: np.ndarray, work: np.ndarray, sync: np.ndarray | None = None) -> np.ndarray:
-    """End time of every event under the replay model (see module doc); all steps at once.
-
-    Iterates from below to the least fixed point; each pass advances every dependency chain
-    by at least one operation, so the passes are bounded by the longest chain. Matching
-    errors can form cycles; the pass limit stops them (replay_error in the report shows it).
-    """
-    max_iter = int(ev["max_chain"]) + 16
-    step_start = ev["step_start"] + ev["carry"]
-    end = step_start.copy()
-    prev, first = ev["prev"], ev["prev"] < 0
-    group, batch, partner = ev["group_dense"], ev["batch"], ev["partner"]
-    has_partner = partner >= 0
-    safe_partner = np.maximum(partner, 0)
-    n_groups = int(group.max()) + 1 if group.size else 0
-    n_batches = int(batch.max()) + 1 if batch.size else 0
-    safe_prev = np.maximum(prev, 0)
-    waits_cpu, launch = ev["sync"] if sync is None else sync, ev["launch"]
-    cpu = step_start.copy()
-    for _ in range(max_iter):
-        # The host issues an operation a gap after issuing the previous one, or after the
-        # previous one completed when it waited for it; the device starts it once issued and
-        # once the previous one on the rank has ended.
-        base = np.where(first, step_start, np.where(waits_cpu, end[safe_prev], cpu[safe_prev]))
-        new_cpu = base + gap
-        arrive = np.maximum(new_cpu, np.where(first, -np.inf, end[safe_prev])) + launch
-        last = np.full(n_groups, -np.inf)
-        np.maximum.at(last, group, arrive)
-        ready = last[group]
-        ready = np.where(has_partner, np.maximum(ready, arrive[safe_partner]), ready)
-        own = ready + work
-        batch_end = np.full(n_batches, -np.inf)
-        np.maximum.at(batch_end, batch, own)
-        new_end = batch_end[batch]
-        if np.array_equal(new_end, end) and np.array_equal(new_cpu, cpu):
-            break
-        end, cpu = new_end, new_cpu
-    return end
-
-
 def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
     ev = df.join(matches.select("row", "group", "is_p2p", "last_arrival_ns", "partner_row"), on="row", how="left")
     ev = ev.filter(pl.col("_step") >= 0)
@@ -236,6 +108,12 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
         ev = comm
     ev = ev.with_columns(s=pl.coalesce("start_ns", "enqueue_ns"), e=pl.coalesce("end_ns", "start_ns", "enqueue_ns"))
     ev = ev.filter(pl.col("s").is_not_null()).sort("rank", "_step", "s", "row")
+    # A compute row that spans the rank's next operation is an annotation (a profiler's step
+    # span), not work the rank did before it.
+    ev = ev.filter(
+        (pl.col("op") != "compute")
+        | (pl.col("e") <= pl.col("s").shift(-1).over("rank").fill_null(np.iinfo(np.int64).max) + WAIT_CLOCK_SLACK_NS)
+    )
     # What makes two ranks' operations "the same" for the what-if reference: the signature
     # (role, op, size); when sizes are unknown, the operation's name as the source gave it.
     roles = infer_roles(df.drop("row", "_step"))
@@ -337,10 +215,12 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     last_arrival = ev.get_column("last_arrival_ns").to_numpy().astype(np.float64)
     ready = np.where(collective & ~np.isnan(last_arrival), np.maximum(s, last_arrival), s)
     ready = np.where(partner >= 0, np.maximum(ready, s[np.maximum(partner, 0)]), ready)
-    work = np.maximum(e - ready, 0.0)
-    # Within a batch only the member that finished last carries the batch's completion.
-    batch_end = np.full(int(batch.max()) + 1 if n else 0, -np.inf)
-    np.maximum.at(batch_end, batch, e)
+    # Operations posted together complete together (a source may report the batch's end on every
+    # member): what a batch adds is the time from its last member being ready to its end, not a
+    # member's wait for the others.
+    batch_ready = np.full(int(batch.max()) + 1 if n else 0, -np.inf)
+    np.maximum.at(batch_ready, batch, ready)
+    work = np.maximum(e - np.maximum(ready, batch_ready[batch]), 0.0)
     counts = np.bincount(np.unique(r * (st.max(initial=0) + 2) + st + 1, return_inverse=True)[1]) if n else np.ones(1)
     arrays = {
         "prev": prev,
@@ -357,19 +237,33 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
         "rank": r,
         "step": st,
         "max_chain": np.int64(4 * int(counts.max(initial=1))),
-        "ref_key": ev.select(pl.struct("_step", "label", "occurrence").rank("dense").cast(pl.Int64) - 1)
-        .to_series()
-        .to_numpy(),
-        "peer_key": ev.select(pl.struct("_step", "program", "label", "occurrence").rank("dense").cast(pl.Int64) - 1)
-        .to_series()
-        .to_numpy(),
     }
-    # Sort orders for the what-if medians, computed once (the values never change, only the mask).
-    arrays["local_work"] = np.where(arrays["matched"], np.nan, work)
-    for key in ("ref_key", "peer_key"):
-        arrays[f"{key}_gap_order"] = np.lexsort((gap, arrays[key]))
-        arrays[f"{key}_work_order"] = np.lexsort((arrays["local_work"], arrays[key]))
-        arrays[f"{key}_sync_order"] = np.lexsort((sync, arrays[key]))
+    # What the what-if compares: an operation's duration with the same operation (kind, shape or
+    # name, occurrence in the step) on every rank and step; a gap with the gap between the same
+    # two operations. Gaps come from launch overhead when compute rows exist, else they are the
+    # compute between communication.
+    labels_all = ev.get_column("label")
+    prev_label = pl.Series(np.where(prev >= 0, labels_all.to_numpy()[np.maximum(prev, 0)], ""))
+    keys = pl.DataFrame({"l": labels_all, "p": prev_label, "k": ev.get_column("occurrence")})
+    arrays["work_key"] = keys.select(pl.struct("l", "k").rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
+    arrays["gap_key"] = keys.select(pl.struct("p", "l", "k").rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
+    role_op = pl.concat_str(
+        [role, pl.when(pl.col("is_p2p")).then(pl.lit("send/recv")).otherwise(pl.col("op"))], separator=" "
+    )
+    kind = ev.select(
+        pl.when(pl.col("op") == "compute").then(pl.coalesce(pl.col("comm_name"), pl.lit("compute"))).otherwise(role_op)
+    ).to_series()
+    arrays["is_compute"] = (ev.get_column("op") == "compute").to_numpy()
+    arrays["comm"] = ev.get_column("comm_id").cast(pl.String).fill_null("").to_numpy()
+    arrays["op_kind"] = kind.to_numpy()
+    arrays["gaps_are_compute"] = np.bool_(not bool(arrays["is_compute"].any()))
+    order = np.argsort(st, kind="stable")
+    cuts = np.flatnonzero(np.r_[True, st[order][1:] != st[order][:-1]]) if n else np.zeros(0, np.int64)
+    arrays["step_order"], arrays["step_cuts"] = order, cuts
+    arrays["step_ids"] = st[order][cuts]
+    arrays["step_index"] = np.searchsorted(arrays["step_ids"], st)
+    arrays["step_begin"] = np.minimum.reduceat(step_start[order], cuts) if n else np.zeros(0)
+    arrays["plan"] = _levels(arrays) if n else None
     return ev, arrays
 
 
@@ -401,76 +295,265 @@ def _host_waits(
     return has_prev & waits[place] & (q >= prev_end)
 
 
-def _reference(
-    key: np.ndarray, values: np.ndarray, culprit_mask: np.ndarray, order: np.ndarray | None = None
-) -> np.ndarray:
-    """Median of ``values`` over the non-culprit events with the same reference key; NaN if none.
+def _levels(arrays: dict[str, np.ndarray]) -> list[tuple[np.ndarray, ...]] | None:
+    """Evaluation plan of the dependency graph, level by level; None when it has a cycle.
 
-    ``key`` is a dense id of (step, operation, occurrence). One sort, then the middle valid
-    element(s) of each key are picked by their running count: no Python per key or event.
+    Per event: its arrival needs the completion of the previous operation on its rank (level of
+    that batch + 1); a group (collective, or a send with its receive) is ready once its members
+    have arrived; a batch (operations posted together) completes once its groups are ready.
     """
-    n_keys = int(key.max()) + 1 if key.size else 0
-    valid = ~culprit_mask & ~np.isnan(values)
-    if order is None:
-        order = np.lexsort((values, key))
-    k, v, ok = key[order], values[order], valid[order]
-    count = np.bincount(k[ok], minlength=n_keys)
-    seen = np.cumsum(ok)
-    key_start = np.searchsorted(k, np.arange(n_keys))
-    before = np.concatenate(([0], seen))[key_start]
-    position = seen - before[k]  # 1-based position among this key's valid values
-    lo_pos, hi_pos = (count + 1) // 2, count // 2 + 1
-    lo = np.full(n_keys, np.nan)
-    hi = np.full(n_keys, np.nan)
-    pick = ok & (position == lo_pos[k])
-    lo[k[pick]] = v[pick]
-    pick = ok & (position == hi_pos[k])
-    hi[k[pick]] = v[pick]
-    return ((lo + hi) / 2.0)[key]
+    prev, group, batch = arrays["prev"], arrays["group_dense"], arrays["batch"]
+    n = prev.size
+    n_groups, n_batches = int(group.max()) + 1, int(batch.max()) + 1
+    first, safe_prev = prev < 0, np.maximum(prev, 0)
+    lv_b = np.zeros(n_batches, np.int64)
+    for _ in range(int(arrays["max_chain"]) + 16):
+        lv_a = np.where(first, 0, lv_b[batch[safe_prev]] + 1)
+        lv_g = np.zeros(n_groups, np.int64)
+        np.maximum.at(lv_g, group, lv_a)
+        new = np.zeros(n_batches, np.int64)
+        np.maximum.at(new, batch, lv_g[group])
+        if np.array_equal(new, lv_b):
+            break
+        lv_b = new
+    else:
+        return None  # matching errors formed a cycle
+    n_levels = int(lv_b.max(initial=0)) + 1
+    idx = np.arange(n)
+    order_a = np.argsort(lv_a, kind="stable")
+    cut_a = np.searchsorted(lv_a[order_a], np.arange(n_levels + 1))
+
+    def segments(owner: np.ndarray, level_of_owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        order = np.lexsort((owner, level_of_owner[owner]))
+        return order, np.searchsorted(level_of_owner[owner][order], np.arange(n_levels + 1))
+
+    order_g, cut_g = segments(group, lv_g)
+    order_b, cut_b = segments(batch, lv_b)
+    plan = []
+    for lv in range(n_levels):
+        ia = order_a[cut_a[lv] : cut_a[lv + 1]]
+        gm = order_g[cut_g[lv] : cut_g[lv + 1]]
+        bm = order_b[cut_b[lv] : cut_b[lv + 1]]
+        g_seg = np.flatnonzero(np.r_[True, group[gm][1:] != group[gm][:-1]]) if gm.size else idx[:0]
+        b_seg = np.flatnonzero(np.r_[True, batch[bm][1:] != batch[bm][:-1]]) if bm.size else idx[:0]
+        plan.append((ia, gm, g_seg, group[gm][g_seg], bm, b_seg, batch[bm][b_seg]))
+    return plan
+
+
+def _replay(arrays: dict[str, np.ndarray], gap: np.ndarray, work: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """End time of every event in each scenario (rows of ``gap``, ``work``, ``start``), all steps at once.
+
+    The host issues an operation a gap after issuing the previous one, or after the previous one
+    completed when it waited for it; the device starts it once issued (plus the launch delay) and
+    once the previous operation on the rank has ended; a group completes its last member's arrival
+    plus its transfer; a batch completes with its slowest member. Max-plus: shorter durations
+    never give a later end.
+    """
+    prev, group, batch = arrays["prev"], arrays["group_dense"], arrays["batch"]
+    first, safe_prev = prev < 0, np.maximum(prev, 0)
+    sync, launch = arrays["sync"], arrays["launch"]
+    c, n = gap.shape
+    plan = arrays["plan"]
+    if plan is None:
+        # A cycle (matching errors): iterate from below, a bounded number of passes.
+        end = start.copy()
+        cpu = start.copy()
+        for _ in range(int(arrays["max_chain"]) + 16):
+            base = np.where(first, start, np.where(sync, end[:, safe_prev], cpu[:, safe_prev]))
+            new_cpu = base + gap
+            arrive = np.maximum(new_cpu, np.where(first, -np.inf, end[:, safe_prev])) + launch
+            ready = np.full((c, int(group.max()) + 1), -np.inf)
+            for i in range(c):
+                np.maximum.at(ready[i], group, arrive[i])
+            own = ready[:, group] + work
+            b_end = np.full((c, int(batch.max()) + 1), -np.inf)
+            for i in range(c):
+                np.maximum.at(b_end[i], batch, own[i])
+            new_end = b_end[:, batch]
+            if np.array_equal(new_end, end) and np.array_equal(new_cpu, cpu):
+                break
+            end, cpu = new_end, new_cpu
+        return end
+    # Event-major layout: gathering an event's values over all scenarios reads one contiguous row.
+    gap_t, work_t, start_t = (np.ascontiguousarray(x.T) for x in (gap, work, start))
+    cpu = np.zeros((n, c))
+    arrive = np.zeros((n, c))
+    ready = np.zeros((int(group.max()) + 1, c))
+    b_end = np.zeros((int(batch.max()) + 1, c))
+    sync_col, first_col, launch_col = sync[:, None], first[:, None], launch[:, None]
+    for ia, gm, g_seg, g_ids, bm, b_seg, b_ids in plan:
+        if ia.size:
+            p, f = safe_prev[ia], first_col[ia]
+            e_prev = b_end[batch[p]]
+            base = np.where(f, start_t[ia], np.where(sync_col[ia], e_prev, cpu[p]))
+            q = base + gap_t[ia]
+            cpu[ia] = q
+            arrive[ia] = np.maximum(q, np.where(f, -np.inf, e_prev)) + launch_col[ia]
+        if gm.size:
+            ready[g_ids] = np.maximum.reduceat(arrive[gm], g_seg, axis=0)
+        if bm.size:
+            b_end[b_ids] = np.maximum.reduceat(ready[group[bm]] + work_t[bm], b_seg, axis=0)
+    return np.ascontiguousarray(b_end[batch].T)
 
 
 def _step_times(arrays: dict[str, np.ndarray], end: np.ndarray) -> np.ndarray:
-    steps, inv = np.unique(arrays["step"], return_inverse=True)
-    hi = np.full(steps.size, -np.inf)
-    lo = np.full(steps.size, np.inf)
-    np.maximum.at(hi, inv, end)
-    np.minimum.at(lo, inv, arrays["step_start"])
-    return hi - lo
+    """Per scenario (rows) and step (columns): latest end minus the step's begin."""
+    end2 = np.atleast_2d(end)
+    order, cuts = arrays["step_order"], arrays["step_cuts"]
+    hi = np.maximum.reduceat(end2[:, order], cuts, axis=1)
+    out = hi - arrays["step_begin"][None, :]
+    return out if end.ndim == 2 else out[0]
 
 
-def _typical(arrays: dict[str, np.ndarray], values: np.ndarray, name: str, mask: np.ndarray) -> np.ndarray:
-    """Per event, the median of ``values`` over the non-culprit ranks doing the same thing.
+def _lower_quartile(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per event, the lower quartile of ``values`` over every event with the same key.
 
-    Preferably ranks that ran the same program in the step (same operations in the same order:
-    a pipeline stage's peers), else any rank with the same operation and occurrence in the step.
+    The lower quartile, not the median: when half the peers are slow (one of two pipeline
+    stages), the median is half slow; the lower quartile still describes the healthy ones.
     """
-    peers = _reference(arrays["peer_key"], values, mask, arrays[f"peer_key_{name}_order"])
-    anyone = _reference(arrays["ref_key"], values, mask, arrays[f"ref_key_{name}_order"])
-    return np.where(np.isnan(peers), anyone, peers)
+    return _quantile(key, values, 0.25)
 
 
-def _what_if(ev: pl.DataFrame, arrays: dict[str, np.ndarray], culprits: set[int], base_total: float) -> float:
-    """Replayed total time with ``culprits`` made not slow."""
-    mask = np.isin(arrays["rank"], list(culprits))
-    gap, work = arrays["gap"].copy(), arrays["work"].copy()
-    ref_gap = _typical(arrays, gap, "gap", mask)
-    ok = mask & ~np.isnan(ref_gap)
-    gap[ok] = ref_gap[ok]  # "not slow" means "like the others", not "faster than everyone"
-    # A gap is measured from the previous issue, or from the completion the host waited for; the
-    # culprit takes the others' gap together with how they measured it.
-    ref_sync = _typical(arrays, arrays["sync"].astype(np.float64), "sync", mask)
-    sync = arrays["sync"].copy()
-    ok = mask & ~np.isnan(ref_sync)
-    sync[ok] = ref_sync[ok] >= 0.5
-    local = ~arrays["matched"]
-    ref_work = _typical(arrays, arrays["local_work"], "work", mask)
-    ok = mask & local & ~np.isnan(ref_work)
-    work[ok] = ref_work[ok]
-    return float(_step_times(arrays, _replay(arrays, gap, work, sync)).sum())
+def _mean(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per event, the mean of ``values`` over every event with the same key (NaN if none)."""
+    frame = pl.DataFrame({"k": key, "v": values}).filter(pl.col("v").is_not_nan())
+    m = frame.group_by("k").agg(pl.col("v").mean())
+    out = np.full(int(key.max(initial=0)) + 1, np.nan)
+    out[m.get_column("k").to_numpy()] = m.get_column("v").to_numpy()
+    return out[key]
+
+
+def _quantile(key: np.ndarray, values: np.ndarray, q: float) -> np.ndarray:
+    """Per event, the ``q`` quantile of ``values`` over every event with the same key (NaN if none)."""
+    frame = pl.DataFrame({"k": key, "v": values}).filter(pl.col("v").is_not_nan())
+    q = frame.group_by("k").agg(pl.col("v").quantile(q, "linear"))
+    out = np.full(int(key.max(initial=0)) + 1, np.nan)
+    out[q.get_column("k").to_numpy()] = q.get_column("v").to_numpy()
+    return out[key]
+
+
+def _ideal_inputs(arrays: dict[str, np.ndarray]) -> None:
+    """Per event: healthy (at most the lower quartile) and mean gap, work and carry; excess over the median."""
+    gap, work, carry = arrays["gap"], arrays["work"], arrays["carry"]
+    first = arrays["prev"] < 0
+    q_gap = _lower_quartile(arrays["gap_key"], gap)
+    q_work = _lower_quartile(arrays["work_key"], work)
+    q_carry = _lower_quartile(arrays["gap_key"], np.where(first, carry, np.nan))
+    arrays["ideal_gap"] = np.where(np.isnan(q_gap), gap, np.minimum(gap, q_gap))
+    arrays["ideal_work"] = np.where(np.isnan(q_work), work, np.minimum(work, q_work))
+    med_gap = _quantile(arrays["gap_key"], gap, 0.5)
+    med_work = _quantile(arrays["work_key"], work, 0.5)
+    arrays["excess_gap"] = np.nan_to_num(gap - med_gap)
+    arrays["excess_work"] = np.nan_to_num(work - med_work)
+    # Per step, the median over ranks of a rank's total excess.
+    n_steps = arrays["step_ids"].size
+    rank_ids, rank_index = np.unique(arrays["rank"], return_inverse=True)
+    per = np.zeros((rank_ids.size, n_steps))
+    np.add.at(per, (rank_index, arrays["step_index"]), arrays["excess_work"] + arrays["excess_gap"])
+    arrays["step_median_excess"] = np.median(per, axis=0)
+    # How much one rank's excess in a step varies around the step's median rank: the job's own
+    # noise (robust: the slow ranks do not widen it).
+    resid = per - arrays["step_median_excess"][None, :]
+    arrays["rank_noise"] = np.float64(1.4826 * np.median(np.abs(resid - np.median(resid))))
+    arrays["ideal_carry"] = np.where(first & ~np.isnan(q_carry), np.minimum(carry, q_carry), carry)
+    # The what-if study's ideal: every operation at its mean over ranks and steps.
+    for name, key, values in (("gap", "gap_key", gap), ("work", "work_key", work), ("carry", "gap_key", carry)):
+        mean = _mean(arrays[key], np.where(first, values, np.nan) if name == "carry" else values)
+        arrays[f"mean_{name}"] = np.where(np.isnan(mean), values, mean)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A subset that may be a culprit: its ranks, and which events' durations and gaps are its own."""
+
+    ranks: set[int]
+    work: np.ndarray
+    gap: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Scenario:
+    """Which events keep their observed gaps (``gap``) and durations (``work``); the rest are ideal."""
+
+    work: np.ndarray
+    gap: np.ndarray
+
+
+def _run(arrays: dict[str, np.ndarray], scenarios: list[_Scenario], chunk: int = 16) -> np.ndarray:
+    """Per scenario and step: replayed step time."""
+    out = []
+    for i in range(0, len(scenarios), chunk):
+        part = scenarios[i : i + chunk]
+        mw = np.stack([s.work for s in part])
+        mg = np.stack([s.gap for s in part])
+        work = np.where(mw, arrays["work"], arrays["ideal_work"])
+        gap = np.where(mg, arrays["gap"], arrays["ideal_gap"])
+        start = arrays["step_start"] + np.where(mg, arrays["carry"], arrays["ideal_carry"])
+        out.append(_step_times(arrays, _replay(arrays, gap, work, start)))
+    return np.concatenate(out) if out else np.zeros((0, arrays["step_begin"].size))
+
+
+def _noise_threshold(singles: np.ndarray, step: float, min_gain: float) -> float:
+    """Saving a culprit must exceed: well above what making any one rank typical saves.
+
+    Making a healthy rank typical trims its jitter; how much that saves, over the job's ranks,
+    is the job's own noise (median and spread). ``min_gain`` (a share of the step) is the
+    resolution below which nothing is named.
+    """
+    if singles.size == 0:
+        return min_gain * step
+    med = float(np.median(singles))
+    spread = 1.4826 * float(np.median(np.abs(singles - med)))
+    return max(med + NOISE_MULTIPLE * spread, NOISE_MULTIPLE * max(med, 0.0), min_gain * step)
+
+
+def _excess(
+    arrays: dict[str, np.ndarray], work: np.ndarray, gap: np.ndarray, ranks: set[int] | None = None
+) -> np.ndarray:
+    """Per step: how much longer the masked events' durations and gaps were than the median's.
+
+    Jitter sums to about zero around the median; slowness does not. For a set of ranks, each
+    rank's excess is taken relative to the median rank's in the same step: a step in which
+    everyone ran slower (or faster) says nothing about who is slow.
+    """
+    x = np.where(work, arrays["excess_work"], 0.0) + np.where(gap, arrays["excess_gap"], 0.0)
+    out = np.bincount(arrays["step_index"], weights=x, minlength=arrays["step_ids"].size)
+    if ranks:
+        out = out - len(ranks) * arrays["step_median_excess"]
+    return out
+
+
+def _significant(extra: np.ndarray, pooled_sd: float = 0.0) -> bool:
+    """Excess above zero by more than three standard errors (any positive one when one step).
+
+    With ``pooled_sd`` (what a subset of healthy ranks of the same size shows in a step): the
+    median over steps against it (a few outlier steps do not make a culprit; a straggler that
+    starts late in the trace still does). Without it (a communicator): the mean against the
+    subset's own spread over steps.
+    """
+    if extra.size < 2:
+        return bool(extra.sum() > 0)
+    if pooled_sd > 0:
+        return float(np.median(extra)) > NOISE_MULTIPLE * 1.25 * pooled_sd / np.sqrt(extra.size)
+    se = float(extra.std(ddof=1)) / np.sqrt(extra.size)
+    return float(extra.mean()) > max(NOISE_MULTIPLE * se, 0.0)
+
+
+def _insufficient(df: pl.DataFrame) -> str | None:
+    """Why the evidence cannot answer who is slow, or None when it can."""
+    timed = df.filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
+    if timed.height == 0:
+        return (
+            "insufficient: the evidence has no operation timings (e.g. Flight Recorder dumps record "
+            "what was issued, not when it ran), so it cannot say who is slow"
+        )
+    if timed.get_column("rank").n_unique() < 2:
+        return "insufficient: timings of a single rank; a straggler shows only against its peers"
+    return None
 
 
 def analyse_stragglers(
-    table: pa.Table | pl.DataFrame, use_labels: bool = True, min_gain: float = 0.02, max_culprit_groups: int = 3
+    table: pa.Table | pl.DataFrame, use_labels: bool = True, min_gain: float = 0.005, max_culprit_groups: int = 3
 ) -> StragglerReport:
     """Straggler report for an operations table (see module doc)."""
     df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
@@ -478,6 +561,7 @@ def analyse_stragglers(
     df = df.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
     if df.height == 0:
         raise ValueError("no operations to analyse")
+    evidence = _insufficient(df)
     df, step_source = _with_steps(df, use_labels)
     matches = match_operations(df)
     joined = df.select("row", "rank", "_step", "op", "start_ns", "end_ns").join(
@@ -525,6 +609,9 @@ def analyse_stragglers(
         .with_columns(pl.col("mean_lateness_ms", "waiting_ms").fill_null(0.0))
         .sort("straggler_index", descending=True)
     )
+    index_of = dict(
+        zip(rank_stats.get_column("rank").to_list(), rank_stats.get_column("straggler_index").to_list(), strict=True)
+    )
 
     # Causal waiting: each waiting member -> the last arriver of that instance.
     arrivals = in_group.join(matches.select("row", "arrival_ns"), on="row")
@@ -539,87 +626,214 @@ def analyse_stragglers(
         .rename({"rank": "waiter"})
     )
 
-    # What-if replay.
-    ev, arrays = _prepare_replay(df, matches)
-    observed = _step_times(arrays, ev.get_column("e").to_numpy().astype(np.float64))
-    base_total = float(_step_times(arrays, _replay(arrays, arrays["gap"], arrays["work"])).sum())
+    # What-if replay: observed, ideal, and one subset's slowness restored or removed at a time.
+    if evidence is None:
+        ev, arrays = _prepare_replay(df, matches)
+    else:
+        ev, arrays = df.clear(), {}
+    observed = _step_times(arrays, ev.get_column("e").to_numpy().astype(np.float64)) if ev.height else np.zeros(0)
+    if evidence is None and (observed.size == 0 or float(observed.sum()) <= 0):
+        evidence = "insufficient: no step with timed operations on two or more ranks"
+    n_ev = ev.height
+    everything, nothing = np.ones(n_ev, bool), np.zeros(n_ev, bool)
     coords = [
         c for c in COORDS if c in df.columns and df.get_column(c).null_count() == 0 and df.get_column(c).n_unique() > 1
     ]
     rank_coord = df.group_by("rank").agg([pl.col(c).first() for c in coords]) if coords else None
-    candidates: list[tuple[str, set[int]]] = [(f"rank={r}", {r}) for r in ranks_all]
-    by_coordinate: dict[str, dict] = {}
+    subsets: list[tuple[str, set[int]]] = [(f"rank={r}", {r}) for r in ranks_all]
     if rank_coord is not None:
         for c in coords:
-            by_coordinate[c.removesuffix("_rank")] = {}
-            for value, grp in rank_coord.group_by(c):
-                members = set(grp.get_column("rank").to_list())
-                candidates.append((f"{c.removesuffix('_rank')}={value[0]}", members))
-    index_of = dict(
-        zip(rank_stats.get_column("rank").to_list(), rank_stats.get_column("straggler_index").to_list(), strict=True)
-    )
-    gains: dict[str, float] = {}
-    if observed.size == 0 or base_total <= 0:
-        candidates = []  # nothing timed to replay: no what-if, no culprits
-    for name, members in candidates:
-        total = _what_if(ev, arrays, members, base_total)
-        gains[name] = base_total / total if total > 0 else 1.0
-    for name, members in candidates:
-        if "=" in name and not name.startswith("rank="):
-            coord, coord_value = name.split("=", 1)
-            by_coordinate[coord][coord_value] = {
-                "ranks": sorted(members),
-                "slowdown_ratio": gains[name],
-                "mean_arrival_score": float(np.mean([index_of.get(m, 0.0) for m in members])),
-            }
-    chosen: set[int] = set()
-    groups: list[dict] = []
-    current = base_total
-    for _ in range(max_culprit_groups):
-        totals = {}
-        for name, members in candidates:
-            if members <= chosen:
-                continue
-            totals[name] = _what_if(ev, arrays, chosen | members, base_total) if chosen else base_total / gains[name]
-        if not totals:
-            break
-        best_saving = current - min(totals.values())
-        # Making any rank "typical" trims run-to-run jitter a little; a culprit must stand out
-        # from that floor (the median saving over single ranks), not just clear min_gain.
-        singles = [current - t for n, t in totals.items() if n.startswith("rank=")]
-        floor = max(float(np.median(singles)), 0.0) if singles else 0.0
-        if best_saving < max(min_gain * current, NOISE_MULTIPLE * floor):
-            break
-        # Among candidates saving nearly as much as the best, blame the fewest ranks.
-        near = [n for n, t in totals.items() if current - t >= 0.9 * best_saving]
-        best_name = min(near, key=lambda n: (len(dict(candidates)[n]), totals[n]))
-        best_members = dict(candidates)[best_name]
-        best_total = totals[best_name]
-        new = sorted(best_members - chosen, key=lambda m: -index_of.get(m, 0.0))
-        groups.append(
-            {"group": best_name, "ranks": new, "saves_ms_per_step": (current - best_total) / 1e6 / len(observed)}
+            for value, grp in sorted(rank_coord.group_by(c), key=lambda kv: kv[0][0]):
+                subsets.append((f"{c.removesuffix('_rank')}={value[0]}", set(grp.get_column("rank").to_list())))
+    kinds = sorted({str(k) for k in arrays.get("op_kind", np.zeros(0, str))}) if n_ev else []
+    gap_kind = "compute (between communication)" if n_ev and arrays["gaps_are_compute"] else "launch gaps"
+    report_kwargs: dict = {}
+    if evidence is not None or n_ev == 0:
+        subsets, kinds = [], []
+    # A candidate: ranks (all their gaps and durations) or a communicator (its transfers only: a
+    # slow link slows every member's operations on it, none of their compute).
+    cands: dict[str, _Candidate] = {}
+    for name, members in subsets:
+        m = np.isin(arrays["rank"], list(members))
+        cands[name] = _Candidate(members, m, m)
+    if subsets:
+        comm_ids = arrays["comm"]
+        for comm in np.unique(comm_ids[arrays["matched"]]):
+            m = arrays["matched"] & (comm_ids == comm)
+            members = set(np.unique(arrays["rank"][m]).tolist())
+            if len(members) > 1:
+                cands[f"comm={comm}"] = _Candidate(members, m, nothing)
+    if subsets:
+        _ideal_inputs(arrays)
+        # Communicators are culprit candidates only when their transfers were slower than jitter.
+        for name in [n for n in cands if n.startswith("comm=")]:
+            if not _significant(_excess(arrays, cands[name].work, nothing)):
+                del cands[name]
+    names = list(cands)
+    if subsets:
+        kind_masks = {k: arrays["op_kind"] == k for k in kinds}
+        comp = arrays["is_compute"] | ~arrays["matched"]
+        base = [_Scenario(everything, everything), _Scenario(nothing, nothing)]
+        restore = [_Scenario(cands[n].work, cands[n].gap) for n in names]
+        remove = [_Scenario(~cands[n].work, ~cands[n].gap) for n in names]
+        kind_restore = [_Scenario(kind_masks[k], nothing) for k in kinds] + [_Scenario(nothing, everything)]
+        times = _run(arrays, base + restore + remove + kind_restore)
+        actual, ideal = times[0], times[1]
+        start = arrays["step_start"] + arrays["mean_carry"]
+        mean_ideal = _step_times(
+            arrays, _replay(arrays, arrays["mean_gap"][None], arrays["mean_work"][None], start[None])
+        )[0]
+        nc = len(names)
+        t_restore = dict(zip(names, times[2 : 2 + nc], strict=True))
+        t_remove = dict(zip(names, times[2 + nc : 2 + 2 * nc], strict=True))
+        t_kind = dict(zip([*kinds, gap_kind], times[2 + 2 * nc :], strict=True))
+    else:
+        actual = ideal = mean_ideal = observed
+        t_restore, t_remove, t_kind = {}, {}, {}
+    total_actual, total_ideal = float(actual.sum()), float(ideal.sum())
+    excess = max(total_actual - total_ideal, 1e-9)
+
+    def subset_entry(name: str, t_in: np.ndarray, t_out: np.ndarray | None, members: set[int] | None) -> dict:
+        entry = {
+            "subset": name.split("=", 1)[-1],
+            "slowdown_ratio": float(t_in.sum()) / total_ideal if total_ideal > 0 else 1.0,
+            "share": (float(t_in.sum()) - total_ideal) / excess,
+        }
+        if t_out is not None:
+            entry["gain_without"] = total_actual / float(t_out.sum()) if float(t_out.sum()) > 0 else 1.0
+        if members is not None:
+            entry["ranks"] = sorted(members)
+        return entry
+
+    attribution: dict[str, list[dict]] = {
+        "rank": [],
+        "dp": [],
+        "pp": [],
+        "tp": [],
+        "cp": [],
+        "comm": [],
+        "op_kind": [],
+    }
+    for name in names:
+        attribution[name.split("=", 1)[0]].append(
+            subset_entry(name, t_restore[name], t_remove[name], cands[name].ranks)
         )
-        chosen |= best_members
-        current = best_total
+    for k, t in t_kind.items():
+        attribution["op_kind"].append(subset_entry(f"op={k}", t, None, None))
+    for entries in attribution.values():
+        entries.sort(key=lambda x: -x["slowdown_ratio"])
+
+    # Culprits: remove the subset whose slowness costs the most, then look again with it removed
+    # (a rank that only waited for it saves nothing any more), while the saving stands out from
+    # the job's noise, holds across steps, and the subset's own operations were slower than their
+    # peers' by more than jitter (see _excess).
+    chosen = _Candidate(set(), nothing, nothing)
+    groups: list[dict] = []
+    current = actual
+    for _ in range(max_culprit_groups if subsets else 0):
+        open_names = [n for n in names if (cands[n].work & ~chosen.work).any() or (cands[n].gap & ~chosen.gap).any()]
+        if not open_names:
+            break
+        if chosen.ranks or chosen.work.any():
+            scen = [_Scenario(~(cands[n].work | chosen.work), ~(cands[n].gap | chosen.gap)) for n in open_names]
+            totals = dict(zip(open_names, _run(arrays, scen), strict=True))
+        else:
+            totals = {n: t_remove[n] for n in open_names}
+        savings = {n: float((current - t).mean()) for n, t in totals.items()}
+        singles = np.array([v for n, v in savings.items() if n.startswith("rank=")])
+        threshold = _noise_threshold(singles, float(current.mean()), min_gain)
+        passing = {}
+        for n, v in savings.items():
+            c = cands[n]
+            rank_based = not n.startswith("comm=")
+            extra = _excess(
+                arrays, c.work & ~chosen.work, c.gap & ~chosen.gap, c.ranks - chosen.ranks if rank_based else None
+            )
+            # A candidate must stand out from the others of its kind (the other ranks, DP ranks,
+            # stages: itself left out); a group also from single ranks (making a whole group
+            # typical trims more jitter than one rank).
+            kind = n.split("=", 1)[0]
+            siblings = np.array([w for m, w in savings.items() if m != n and m.split("=", 1)[0] == kind])
+            bar = _noise_threshold(siblings, float(current.mean()), min_gain)
+            if kind != "rank":
+                bar = max(threshold, bar)
+            consistency = float((current - totals[n] > 0.5 * bar).mean())
+            pooled = float(arrays["rank_noise"]) * np.sqrt(len(c.ranks - chosen.ranks)) if rank_based else 0.0
+            if v > bar and consistency >= 0.5 and _significant(extra, pooled):
+                passing[n] = (float(extra.mean()), consistency)
+        if not passing:
+            break
+        # The biggest saving, then the smallest subset inside it whose own excess explains it
+        # (one late rank, not its tensor-parallel group).
+        top = cands[max(passing, key=lambda n: savings[n])]
+        top_extra = max(passing[n][0] for n in passing if savings[n] == max(savings[m] for m in passing))
+        inside = [
+            n
+            for n in passing
+            if not (cands[n].work & ~top.work).any()
+            and not (cands[n].gap & ~top.gap).any()
+            and passing[n][0] >= 0.8 * top_extra
+            and savings[n] >= 0.5 * max(savings[m] for m in passing)
+        ]
+        name = min(inside, key=lambda n: (len(cands[n].ranks), int(cands[n].work.sum()), -savings[n]))
+        consistency = passing[name][1]
+        c = cands[name]
+        new_members = c.ranks - chosen.ranks
+        chosen = _Candidate(chosen.ranks | c.ranks, chosen.work | c.work, chosen.gap | c.gap)
+        split = _run(arrays, [_Scenario(c.work & comp, c.gap), _Scenario(c.work & ~comp, nothing)])
+        groups.append(
+            {
+                "group": name,
+                "ranks": sorted(new_members, key=lambda r: -float(t_restore[f"rank={r}"].sum())),
+                "saves_ms_per_step": savings[name] / 1e6,
+                "share_of_slowdown": savings[name] * len(current) / excess,
+                "consistency": consistency,
+                "compute_ratio": float(split[0].sum()) / total_ideal,
+                "communication_ratio": float(split[1].sum()) / total_ideal,
+                "threshold_ms": threshold / 1e6,
+            }
+        )
+        current = totals[name]
     culprits = [r for g in groups for r in g["ranks"]]
+
     observed_mean = float(observed.mean()) if observed.size else 0.0
-    estimated = observed_mean * (current / base_total) if base_total > 0 else observed_mean
+    scale = observed_mean / float(actual.mean()) if actual.size and float(actual.mean()) > 0 else 1.0
+    ideal_mean = float(mean_ideal.mean()) * scale if mean_ideal.size else 0.0
+    healthy_mean = float(ideal.mean()) * scale if ideal.size else 0.0
+    estimated = float(current.mean()) * scale if current.size else observed_mean
     slowdown = {
         "observed_step_ms": observed_mean / 1e6,
         "estimated_without_culprits_ms": estimated / 1e6,
-        "ratio": observed_mean / estimated if estimated > 0 else 1.0,
-        "replay_error": abs(base_total - float(observed.sum())) / max(float(observed.sum()), 1.0),
+        "ideal_step_ms": ideal_mean / 1e6,
+        "observed": observed_mean / 1e6,
+        "ideal": ideal_mean / 1e6,
+        "ratio": observed_mean / ideal_mean if ideal_mean > 0 else 1.0,
+        "healthy_step_ms": healthy_mean / 1e6,
+        "healthy_ratio": observed_mean / healthy_mean if healthy_mean > 0 else 1.0,
+        "without_culprits_ratio": observed_mean / estimated if estimated > 0 else 1.0,
+        "replay_error": abs(total_actual - float(observed.sum())) / max(float(observed.sum()), 1.0),
         "steps": int(observed.size),
     }
-    # straggler_index: share of step time saved were the rank (or the culprit group holding it) not slow.
-    saved = {r: 1.0 - 1.0 / gains.get(f"rank={r}", 1.0) for r in ranks_all}
-    for name, members in candidates:
-        if name.startswith("rank=") or not (members & chosen):
+    by_coordinate: dict[str, dict] = {}
+    for name, members in subsets:
+        kind, value = name.split("=", 1)
+        if kind == "rank":
             continue
-        for m in members:
-            saved[m] = max(saved[m], 1.0 - 1.0 / gains[name])
+        by_coordinate.setdefault(kind, {})[value] = {
+            "ranks": sorted(members),
+            "slowdown_ratio": total_actual / float(t_remove[name].sum()),
+            "restored_ratio": float(t_restore[name].sum()) / total_ideal,
+            "mean_arrival_score": float(np.mean([index_of.get(m, 0.0) for m in members])),
+        }
+    # straggler_index: share of step time saved were the rank (or the culprit group holding it) not slow.
+    saved = {r: 1.0 - float(t_remove[f"rank={r}"].sum()) / total_actual if t_remove else 0.0 for r in ranks_all}
+    for g in groups:
+        share = 1.0 - float(t_remove[g["group"]].sum()) / total_actual
+        for m in cands[g["group"]].ranks:
+            saved[m] = max(saved[m], share)
     ranks_out = []
     for row in rank_stats.iter_rows(named=True):
+        t_out = t_remove.get(f"rank={row['rank']}")
         ranks_out.append(
             {
                 "rank": int(row["rank"]),
@@ -630,21 +844,40 @@ def analyse_stragglers(
                 "lateness_share": float(row["lateness_share"]),
                 "consistency": float(row["consistency"]),
                 "compute_gap_growth": float(row["compute_gap_growth"]),
-                "slowdown_ratio_without": gains.get(f"rank={row['rank']}", 1.0),
+                "slowdown_ratio_without": total_actual / float(t_out.sum()) if t_out is not None else 1.0,
             }
         )
     ranks_out.sort(key=lambda x: (-x["straggler_index"], -x["arrival_score"]))
-    per_step = (
+    top = (
         per.sort("score", descending=True)
         .group_by("_step", maintain_order=True)
         .agg(top_rank=pl.col("rank").first(), top_score=pl.col("score").first())
-        .sort("_step")
     )
-    steps_ms = dict(zip(np.unique(arrays["step"]).tolist(), (observed / 1e6).tolist(), strict=True))
-    per_step_out = [
-        {"step": int(s), "duration_ms": steps_ms.get(s, 0.0), "top_rank": int(r), "top_score": float(v)}
-        for s, r, v in per_step.iter_rows()
-    ]
+    top_of = {int(s): (int(r), float(v)) for s, r, v in top.iter_rows()}
+    step_ids = arrays["step_ids"].tolist() if n_ev else []
+    per_step_out = []
+    for i, s in enumerate(step_ids):
+        r, v = top_of.get(int(s), (-1, 0.0))
+        per_step_out.append(
+            {
+                "step": int(s),
+                "duration_ms": float(observed[i]) / 1e6,
+                "ideal_ms": float(ideal[i]) * scale / 1e6,
+                "without_culprits_ms": float(current[i]) * scale / 1e6,
+                "top_rank": r,
+                "top_score": v,
+            }
+        )
+    heatmap = {
+        "ranks": ranks_all if t_restore else [],
+        "steps": [int(s) for s in step_ids] if t_restore else [],
+        "delay_ms": [((t_restore[f"rank={r}"] - ideal) * scale / 1e6).round(3).tolist() for r in ranks_all]
+        if t_restore
+        else [],
+    }
+    report_kwargs.update(
+        attribution=attribution, evidence=evidence or "ok", ideal_step_ms=ideal_mean / 1e6, heatmap=heatmap
+    )
     return StragglerReport(
         ranks=ranks_out,
         culprits=culprits,
@@ -654,4 +887,5 @@ def analyse_stragglers(
         waiting_edges=edges.to_dicts(),
         per_step=per_step_out,
         step_source=step_source,
+        **report_kwargs,
     )

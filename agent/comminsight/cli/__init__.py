@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from comminsight.cli import agent, analyze, export, importer, logs, simulate
+from comminsight.cli import agent, analyze, export, importer, inject, logs, simulate
 
 app = typer.Typer(
     name="comminsight",
@@ -20,6 +20,7 @@ app.add_typer(simulate.app, name="simulate")
 app.add_typer(analyze.app, name="analyze")
 app.add_typer(agent.app, name="agent")
 app.add_typer(export.app, name="export")
+app.add_typer(inject.app, name="inject")
 app.command("import")(importer.import_command)
 
 

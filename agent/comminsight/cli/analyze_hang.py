@@ -13,6 +13,7 @@ from rich.console import Console
 from comminsight.analysis.hang import analyze_hang
 from comminsight.analysis.hang_report import render_text
 from comminsight.cli.importer import load_evidence
+from comminsight.evidence.process_groups import naming_of
 from comminsight.importers import EvidenceError
 
 
@@ -35,12 +36,30 @@ def hang_command(
         err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     report = analyze_hang(table, silence_s=silence_s)
+    naming = naming_of(table)
+    if naming is not None:
+        report["names"] = naming
     if output_format is OutputFormat.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         # Wide enough for the evidence table when piped (rich falls back to 80 columns otherwise).
-        render_text(report, Console(width=None if sys.stdout.isatty() else 160))
+        console = Console(width=None if sys.stdout.isatty() else 160)
+        render_text(report, console)
+        render_naming(naming, console)
+
+
+def render_naming(naming: dict | None, console: Console) -> None:
+    """One line on communicator names: how they were found, or why they are missing."""
+    if not naming or not naming.get("communicators"):
+        return
+    if naming.get("reason"):
+        console.print(
+            f"Communicator names: {naming['named']} of {naming['communicators']} named; {naming['reason']}",
+            highlight=False,
+        )
+    for note in naming.get("ambiguous", []):
+        console.print(f"Communicator names: {note}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

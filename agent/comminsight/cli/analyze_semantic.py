@@ -123,7 +123,7 @@ def stragglers_command(
     output_format: OutputFormat = typer.Option(OutputFormat.text, "--format", help="text or json"),
     input_format: str | None = typer.Option(None, "--input-format", help="Force an importer by name"),
     ignore_labels: bool = typer.Option(False, "--ignore-labels", help="Use recovered steps even when labels exist"),
-    min_gain: float = typer.Option(0.02, help="Smallest share of step time a culprit must save"),
+    min_gain: float = typer.Option(0.005, help="Resolution: no culprit saving less than this share of the step"),
 ) -> None:
     """Find the ranks that make steps slow, and how much faster the job would be without them."""
     from comminsight.analysis.stragglers import analyse_stragglers
@@ -137,7 +137,13 @@ def stragglers_command(
         return
     out = _console()
     sd = report.slowdown
-    out.print(f"steps: {sd['steps']} ({report.step_source})   mean step: {sd['observed_step_ms']:.1f} ms")
+    if report.evidence != "ok":
+        out.print(f"[yellow]cannot answer:[/yellow] {report.evidence}")
+        return
+    out.print(
+        f"steps: {sd['steps']} ({report.step_source})   mean step: {sd['observed_step_ms']:.1f} ms   "
+        f"ideal: {sd['ideal_step_ms']:.1f} ms (slowdown x{sd['ratio']:.3f})"
+    )
     if report.culprits:
         groups = ", ".join(
             f"{g['group']} (ranks {g['ranks']}, saves {g['saves_ms_per_step']:.1f} ms/step)"
@@ -145,10 +151,16 @@ def stragglers_command(
         )
         out.print(f"[bold red]culprits:[/bold red] {report.culprits}  <- {groups}")
         out.print(
-            f"estimated step without them: {sd['estimated_without_culprits_ms']:.1f} ms (slowdown x{sd['ratio']:.3f})"
+            f"estimated step without them: {sd['estimated_without_culprits_ms']:.1f} ms "
+            f"(they slow it x{sd['without_culprits_ratio']:.3f})"
         )
     else:
-        out.print("[green]no rank or group slows the job by more than the threshold[/green]")
+        out.print("[green]no straggler: nothing stands out from the job's own noise[/green]")
+    kinds = Table("attribution", "subset", "slowdown ratio (only it slow)", "share")
+    for kind, entries in report.attribution.items():
+        for e in entries[:3]:
+            kinds.add_row(kind, str(e["subset"]), f"x{e['slowdown_ratio']:.3f}", f"{e['share']:.2f}")
+    out.print(kinds)
     grid = Table("rank", "straggler index", "arrival score", "mean lateness (ms)", "waiting (ms)", "compute-gap growth")
     for r in report.ranks:
         grid.add_row(

@@ -22,6 +22,7 @@ from comminsight.simulator.plan import (
     Fault,
     Hang,
     Launch,
+    Pause,
     SimulationConfig,
     SlowLink,
     Straggler,
@@ -48,6 +49,7 @@ class Scenario(str, Enum):
     hang = "hang"
     crash = "crash"
     slow_link = "slow-link"
+    pause = "pause"
 
 
 class Abi(str, Enum):
@@ -65,10 +67,20 @@ class OnHang(str, Enum):
 
 
 def _fault(
-    scenario: Scenario, rank: int, slow_pct: float, from_step: int, step: int, op_index: int, link: str, factor: float
+    scenario: Scenario,
+    rank: int,
+    slow_pct: float,
+    from_step: int,
+    step: int,
+    op_index: int,
+    link: str,
+    factor: float,
+    pause_s: float = 0.0,
 ) -> tuple[Fault, ...]:
     if scenario is Scenario.none:
         return ()
+    if scenario is Scenario.pause:
+        return (Pause(step, pause_s, op_index),)
     if scenario is Scenario.straggler:
         return (Straggler(rank, slow_pct, from_step),)
     if scenario is Scenario.hang:
@@ -92,6 +104,7 @@ def _config(**options: object) -> SimulationConfig:
         options.pop("op_index"),  # type: ignore[arg-type]
         options.pop("link"),  # type: ignore[arg-type]
         options.pop("slow_factor"),  # type: ignore[arg-type]
+        options.pop("pause_s", 0.0),  # type: ignore[arg-type]
     )
     layout: Layout = options.pop("layout")  # type: ignore[assignment]
     ranks = options.pop("ranks")
@@ -136,6 +149,7 @@ _STEP = typer.Option(1, "--step", min=0, help="Hang/crash: step in which the ran
 _OP_INDEX = typer.Option(0, "--op-index", min=0, help="Hang/crash: launch index within that step it never issues.")
 _LINK = typer.Option("0,1", "--link", help="Slow link: the two global ranks, A,B.")
 _FACTOR = typer.Option(5.0, "--slow-factor", help="Slow link: how many times slower its P2P transfers are.")
+_PAUSE = typer.Option(90.0, "--pause-s", min=0.0, help="Pause: seconds every rank pauses outside NCCL.")
 
 
 @app.command("run")
@@ -165,6 +179,7 @@ def run_command(
     op_index: int = _OP_INDEX,
     link: str = _LINK,
     slow_factor: float = _FACTOR,
+    pause_s: float = _PAUSE,
     hang_timeout: float = typer.Option(
         0.0, "--hang-timeout", min=0.0, help="Seconds without progress that end the run (0: auto)."
     ),
@@ -185,6 +200,7 @@ def run_command(
             jitter=jitter, seed=seed, buckets=buckets, layers=layers, micro_batches=micro_batches, abi=abi,
             comm_names=comm_names, scenario=scenario, rank=rank, slow_pct=slow_pct, from_step=from_step, step=step,
             op_index=op_index, link=link, slow_factor=slow_factor, hang_timeout_s=hang_timeout, on_hang=on_hang,
+            pause_s=pause_s,
         )  # fmt: skip
         build_plan(config)
     except ValueError as error:

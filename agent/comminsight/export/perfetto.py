@@ -29,6 +29,14 @@ def _args() -> pl.Expr:
     return pl.struct([pl.col(name) for name in _ARGS]).alias("args")
 
 
+def _slice_name(op: pl.Expr) -> pl.Expr:
+    """``all_reduce · TENSOR_MODEL_PARALLEL_GROUP``: the op and its group's joined name, when there is one."""
+    desc = pl.when(pl.col("comm_desc") != "").then(pl.col("comm_desc"))
+    name = pl.when((pl.col("comm_name") != "") & (pl.col("comm_name") != pl.col("comm_id"))).then(pl.col("comm_name"))
+    group = pl.coalesce(desc, name)
+    return pl.when(group.is_not_null()).then(op + pl.lit(" · ") + group).otherwise(op).alias("name")
+
+
 def _track_ids(ops: pl.DataFrame) -> pl.DataFrame:
     """Number the streams of each rank 1..n (tid 0 stays free for process-level events)."""
     return ops.with_columns(pl.col("stream").fill_null(0)).with_columns(
@@ -42,7 +50,7 @@ def _slices(ops: pl.DataFrame) -> pl.DataFrame:
         (pl.col("start_ns").is_null() | pl.col("end_ns").is_null()) & pl.col("enqueue_ns").is_not_null()
     )
     complete = executed.select(
-        pl.col("op").alias("name"),
+        _slice_name(pl.col("op")),
         pl.lit("X").alias("ph"),
         _us("start_ns").alias("ts"),
         ((pl.col("end_ns") - pl.col("start_ns")).clip(lower_bound=0).cast(pl.Float64) / 1000.0).alias("dur"),
@@ -52,7 +60,7 @@ def _slices(ops: pl.DataFrame) -> pl.DataFrame:
         _args(),
     )
     instants = enqueued_only.select(
-        (pl.col("op") + pl.lit(" (") + pl.col("state") + pl.lit(")")).alias("name"),
+        _slice_name(pl.col("op") + pl.lit(" (") + pl.col("state") + pl.lit(")")),
         pl.lit("i").alias("ph"),
         _us("enqueue_ns").alias("ts"),
         pl.lit(None, dtype=pl.Float64).alias("dur"),

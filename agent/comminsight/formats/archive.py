@@ -29,7 +29,11 @@ import zstandard
 SCHEMA_VERSION = 1
 KIND = "comminsight.archive"
 ZSTD_LEVEL = 3
-MEMBER_NAME = re.compile(r"^(manifest\.json|segments/[A-Za-z0-9._-]{1,200}|hang/[A-Za-z0-9._-]{1,200}\.json)$")
+MEMBER_NAME = re.compile(
+    r"^(manifest\.json|segments/[A-Za-z0-9._-]{1,200}|hang/[A-Za-z0-9._-]{1,200}\.json"
+    r"|metadata/process_groups-[A-Za-z0-9._-]{1,180}\.json"
+    r"|steps/[A-Za-z0-9._-]{1,200}\.jsonl|metrics/[A-Za-z0-9._-]{1,200}\.parquet)$"
+)
 _FILE_PART = re.compile(r"[^A-Za-z0-9._-]+")
 
 

@@ -162,6 +162,9 @@ class RingReader:
         assert self._rec_dtype.names is not None
         self._head_off = fields["head"][1]
         self._tail_off = fields["tail"][1]
+        self._seal_request_off = fields["seal_request"][1]
+        self._seal_done_off = fields["seal_done"][1]
+        self._inflight_report_off = fields["inflight_report_ns"][1]
         self._hdr_dtype = hdr_dtype
         self._slots = np.frombuffer(
             self._map, dtype=self._rec_dtype, count=self.capacity, offset=consts["CI_RING_HEADER_SIZE"]
@@ -258,6 +261,24 @@ class RingReader:
         value = self.cursor if tail is None else tail
         if self.tail <= value <= self.head:
             self._u64[self._tail_off // 8] = value
+
+    # ---- requests to the writer (consumer-owned fields next to tail; see comminsight_ring.h) ----
+    def request_seal(self) -> int:
+        """Ask the writer to seal its open raw-log segment; returns the request number to wait for."""
+        value = int(self._u64[self._seal_request_off // 8]) + 1
+        self._u64[self._seal_request_off // 8] = value
+        return value
+
+    @property
+    def seal_done(self) -> int:
+        """The last seal request the writer honoured."""
+        return int(self._u64[self._seal_done_off // 8])
+
+    def set_inflight_report(self, seconds: float) -> None:
+        """Have the writer put ops in flight longer than ``seconds`` into the ring (0: off)."""
+        value = max(0, int(seconds * 1e9))
+        if int(self._u64[self._inflight_report_off // 8]) != value:
+            self._u64[self._inflight_report_off // 8] = value
 
     def close(self) -> None:
         try:

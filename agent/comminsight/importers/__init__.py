@@ -113,11 +113,15 @@ def load(path: Path | str, fmt: str | None = None) -> pa.Table:
     """Load ``path`` (file or directory) into a conformed operations table.
 
     ``fmt`` forces an importer by name instead of detection.
+    Communicators are named from the process-group tables that came with the evidence
+    (``comminsight.importers.names``); the table's schema metadata says how (``naming_of``).
     """
+    from comminsight.importers.names import with_names
+
     path = Path(path)
     if fmt is not None:
         importers()
         if fmt not in _REGISTRY:
             raise EvidenceError(f"unknown format {fmt!r} (known: {', '.join(sorted(_REGISTRY))})")
-        return _REGISTRY[fmt].load(path)
-    return detect(path).load(path)
+        return with_names(_REGISTRY[fmt].load(path), path)
+    return with_names(detect(path).load(path), path)

@@ -57,6 +57,14 @@ def _text(column: np.ndarray) -> pa.Array:
     return decoded.take(pa.array(inverse.astype(np.int32)))
 
 
+def _c_strings(field: np.ndarray) -> np.ndarray:
+    """A fixed-size C char field as text: up to the first NUL (the bytes after it are stale, not part of it)."""
+    width = field.dtype.itemsize
+    raw = np.ascontiguousarray(field).view(np.uint8).reshape(len(field), width)
+    cleared = np.where(np.cumsum(raw == 0, axis=1) > 0, 0, raw).astype(np.uint8)
+    return np.char.decode(np.ascontiguousarray(cleared).view(f"S{width}").ravel(), "utf-8", "replace")
+
+
 def records_to_table(records: np.ndarray, hdr: SegmentHeader, manifest: dict[str, Any]) -> pa.Table:
     """Local mapping of ci_op_record's to the operations table (used when rawlog offers none)."""
     consts = header.constants()
@@ -99,9 +107,7 @@ def records_to_table(records: np.ndarray, hdr: SegmentHeader, manifest: dict[str
             "count": pa.array(records["count"].astype(np.int64)),
             "bytes": pa.array(records["bytes"].astype(np.int64)),
             "dtype": pa.array(
-                np.char.lower(np.char.replace(np.char.decode(records["dtype"], "utf-8", "replace"), "nccl", "")).astype(
-                    object
-                ),
+                np.char.lower(np.char.replace(_c_strings(records["dtype"]), "nccl", "")).astype(object),
                 pa.string(),
             ),
             "peer": pa.array(records["peer"].astype(np.int32), mask=records["peer"] < 0),

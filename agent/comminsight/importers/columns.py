@@ -19,6 +19,10 @@ import pyarrow as pa
 from comminsight.evidence import SCHEMA, conform
 from comminsight.importers import EvidenceError
 
+# Operations one import may produce: about 256 bytes a row in Arrow, held twice while the parts are
+# concatenated, so an import stays under 1 GB of memory.
+MAX_ROWS = 1_500_000
+
 
 def _array(values: Sequence[Any] | np.ndarray, type_: pa.DataType) -> pa.Array:
     # NaN in a float array means "missing", as from_pandas=True would say, without importing pandas.

@@ -20,13 +20,16 @@ re-run entry by entry only to name the file and entry at fault.
 
 from __future__ import annotations
 
-import io
 import json
 import math
+import os
 import pickle
 import re
+import resource
+import sys
 from collections.abc import Callable
 from functools import lru_cache
+from itertools import chain, repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -38,12 +41,21 @@ import pyarrow.compute as pc
 
 from comminsight.evidence import PROGRESS_OP
 from comminsight.importers import EvidenceError, Importer, directory_holds, evidence_files, register
-from comminsight.importers.columns import concat, paused_gc, to_table
+from comminsight.importers.columns import MAX_ROWS, concat, paused_gc, to_table
 from comminsight.importers.normalise import ITEMSIZE, dtype_name, map_distinct, ops, shape_text, trailing_int
 
 NAME = "flight_recorder"
-MAX_FILE_BYTES = 512 * 1024 * 1024
+MAX_FILE_BYTES = 256 << 20
 MAX_ENTRIES = 4_000_000
+# Memory the unpickled objects of one dump may take; with the per-load row cap, an import stays under 1 GB.
+MAX_UNPICKLED_BYTES = 256 << 20
+# The fewest bytes one entry takes in a pickle (a dozen memoised keys and their values).
+MIN_ENTRY_BYTES = 24
+_CHECK_EVERY = 64 << 10
+# Dumps mapped together, at most: entries, or memory taken since the batch began.
+BATCH_ENTRIES = 250_000
+BATCH_BYTES = 256 << 20
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 MAX_TENSORS_PER_ENTRY = 4096
 MAX_DIMS = 32
 MAX_FILES = 65536
@@ -96,17 +108,89 @@ def detect(path: Path) -> bool:
     return path.is_dir() and directory_holds(path, _is_dump_file)
 
 
+def _resident_bytes() -> int:
+    """This process's resident memory (Linux), else its peak so far: what the unpickling guard watches."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _WatchedInput:
+    """The dump's bytes as the unpickler's input file, checking the memory the unpickled objects take.
+
+    The C unpickler asks for input every frame (protocol 4+) or every 128 KiB it prefetches; each
+    time, the growth of resident memory since the start is held to MAX_UNPICKLED_BYTES. A pickle can
+    expand 70 times (a one-byte opcode makes a 64-byte dict), so file size alone cannot bound memory.
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.at = 0
+        self.checked = 0
+        self.start = _resident_bytes()
+
+    def _check(self) -> None:
+        if self.at - self.checked >= _CHECK_EVERY or self.at == 0:
+            self.checked = self.at
+            if _resident_bytes() - self.start > MAX_UNPICKLED_BYTES:
+                raise _TooLarge
+
+    def peek(self, n: int = 1) -> bytes:
+        self._check()
+        return self.data[self.at : self.at + max(n, 1)]
+
+    def read(self, n: int = -1) -> bytes:
+        self._check()
+        end = len(self.data) if n is None or n < 0 else self.at + n
+        chunk = self.data[self.at : end]
+        self.at += len(chunk)
+        return chunk
+
+    def readinto(self, buffer: Any) -> int:
+        chunk = self.read(len(buffer))
+        buffer[: len(chunk)] = chunk
+        return len(chunk)
+
+    def readline(self) -> bytes:
+        self._check()
+        end = self.data.find(b"\n", self.at)
+        end = len(self.data) if end < 0 else end + 1
+        chunk = self.data[self.at : end]
+        self.at = end
+        return chunk
+
+
+def _json_footprint(data: bytes) -> int:
+    """An upper estimate of the memory a JSON dump's objects take, from its brackets, quotes and commas."""
+    containers = data.count(b"{") + data.count(b"[")
+    return 232 * containers + 40 * data.count(b'"') + 40 * data.count(b",") + len(data)
+
+
 def _read(path: Path) -> dict:
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
         raise EvidenceError(f"{path}: {size} bytes is over the {MAX_FILE_BYTES}-byte limit for a dump")
     data = path.read_bytes()
     try:
-        # A buffered reader lets the C unpickler read ahead (several times faster on unframed protocol-2 dumps).
-        source = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 16)
-        dump = _RestrictedUnpickler(source).load() if data[:1] == b"\x80" else json.loads(data)
+        if data[:1] == b"\x80":
+            dump = _RestrictedUnpickler(_WatchedInput(data)).load()
+        elif _json_footprint(data) > MAX_UNPICKLED_BYTES:
+            raise _TooLarge
+        else:
+            dump = json.loads(data)
+    except _TooLarge:
+        raise EvidenceError(
+            f"{path}: expands to over {MAX_UNPICKLED_BYTES >> 20} MiB in memory, far more than a dump of its size"
+        ) from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
-        raise EvidenceError(f"{path}: not a readable Flight Recorder dump: {exc}") from exc
+        raise EvidenceError(f"{path}: not a readable Flight Recorder dump: {_one_line(exc)}") from exc
     except (RecursionError, MemoryError, OverflowError) as exc:
         raise EvidenceError(f"{path}: dump too deeply nested or too large: {type(exc).__name__}") from exc
     if not isinstance(dump, dict):
@@ -116,7 +200,53 @@ def _read(path: Path) -> dict:
         raise EvidenceError(f"{path}: 'entries' must be a list")
     if len(entries) > MAX_ENTRIES:
         raise EvidenceError(f"{path}: {len(entries)} entries is over the limit of {MAX_ENTRIES}")
+    # Every entry of a real dump is its own dict of a dozen fields or more, so it takes tens of bytes,
+    # and each of its names and dimensions takes at least one; more than that means objects referred
+    # to again and again (a hand-made pickle), which would multiply in the table.
+    if len(entries) > max(len(data), 1) // MIN_ENTRY_BYTES:
+        raise EvidenceError(
+            f"{path}: {len(entries)} entries in {len(data)} bytes must share objects, which no dump does"
+        )
     return dump
+
+
+def _length(value: Any) -> int:
+    return len(value) if type(value) is str or type(value) is list or type(value) is tuple else 0
+
+
+_SIZED = {str, list, tuple}
+
+
+def _total_length(values: list) -> int:
+    if set(map(type, values)) <= _SIZED:
+        return sum(map(len, values))
+    return sum(map(_length, values))
+
+
+def _check_shared(fields: dict[str, list], dumps: list[_Dump]) -> None:
+    """Refuse entries whose names and lists add up to more values than their files have bytes: each
+    value a dump writes takes at least one byte, so more means objects referred to again and again
+    (a hand-made pickle), which the table would multiply."""
+    size = sum(d.size for d in dumps)
+    for key in ("profiling_name", "process_group", "input_sizes", "input_dtypes"):
+        values = fields[key]
+        total = _total_length(values)
+        if key != "profiling_name":
+            if set(map(type, values)) <= {list, tuple}:
+                inner = list(chain.from_iterable(values))
+            else:
+                inner = [v for value in values if type(value) is list or type(value) is tuple for v in value]
+            total += _total_length(inner)
+        if total > size:
+            where = dumps[0].path if len(dumps) == 1 else dumps[0].path.parent
+            raise EvidenceError(
+                f"{where}: the entries' {key} add up to {total} values in {size} bytes:"
+                " shared objects, which no dump holds"
+            )
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
 
 
 @lru_cache(maxsize=4096)
@@ -196,6 +326,7 @@ class _Dump(NamedTuple):
     groups: dict[str, dict]
     rank: int
     entries: list
+    size: int  # bytes in the file
 
 
 class _Locate:
@@ -228,61 +359,39 @@ def _int_column(values: list, key: Callable[[int], str], locate: _Locate) -> pa.
     raise EvidenceError(f"{locate.paths[0]}: {key(0)} must be integers")
 
 
-def _shapes(sizes: list, locate: _Locate) -> tuple[pa.Array, pa.Array]:
-    """(shape text, element count) columns from the entries' ``input_sizes``, checked and computed vectorised.
+def _by_text(values: list) -> tuple[list[str], dict[str, Any], pa.DictionaryArray]:
+    """Entries' values keyed by their text: (texts, one value per distinct text, the texts encoded).
 
-    Anything off the plain path (a bound exceeded, a non-integer or negative dimension) is handed to
-    ``_shape_and_count`` entry by entry, which names the first bad entry.
+    Python's text of a list of lists of integers or of names determines its structure and types
+    (a bool prints True, a float 1.0, a tuple with parentheses), so a check or a mapping of the one
+    value per distinct text holds for every entry that prints the same. Dumps repeat few shapes.
     """
+    texts = list(map(repr, values))
+    return texts, dict(zip(texts, values, strict=True)), pa.array(texts, pa.string()).dictionary_encode()
 
-    def explain() -> None:
-        for index, value in enumerate(sizes):
-            _shape_and_count(value, *locate(index))
-        raise EvidenceError(f"{locate.paths[0]}: input_sizes must be lists of tensor shapes")
 
-    try:
-        outer = pa.array(sizes)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
-        explain()
-    if pa.types.is_null(outer.type):
-        return pa.nulls(len(sizes), pa.string()), pa.nulls(len(sizes), pa.int64())
-    if not (pa.types.is_list(outer.type) and pa.types.is_list(outer.type.value_type)):
-        explain()
-    if not pa.types.is_integer(outer.type.value_type.value_type) and len(outer.flatten().flatten()):
-        explain()
-    outer = outer.cast(pa.list_(pa.list_(pa.int64())))
-    tensors = outer.flatten()
-    dims = tensors.flatten()
-    tensor_counts = pc.fill_null(pc.list_value_length(outer), 0).to_numpy()
-    dim_counts = pc.list_value_length(tensors).to_numpy(zero_copy_only=False)
-    if (
-        tensors.null_count
-        or dims.null_count
-        or (len(tensor_counts) and tensor_counts.max() > MAX_TENSORS_PER_ENTRY)
-        or (len(dim_counts) and dim_counts.max() > MAX_DIMS)
-        or (len(dims) and pc.min(dims).as_py() < 0)
-    ):
-        explain()
-    # Elements per tensor: a (tensors x widest shape) matrix padded with ones, multiplied along rows.
-    values = dims.to_numpy()
-    width = int(dim_counts.max()) if len(dim_counts) else 0
-    starts = np.repeat(np.cumsum(dim_counts) - dim_counts, dim_counts)
-    row = np.repeat(np.arange(len(dim_counts)), dim_counts)
-    matrix = np.ones((len(dim_counts), max(width, 1)), np.int64)
-    matrix[row, np.arange(len(values)) - starts] = values
-    # The same product in floating point tells an overflow apart (math.prod would give a huge int).
-    if len(values) and matrix.astype(np.float64).prod(axis=1).sum() >= 2**62:
-        raise EvidenceError(f"{locate.paths[0]}: input_sizes describe tensors with too many elements")
-    per_tensor = np.concatenate(([0], np.cumsum(matrix.prod(axis=1))))
-    bounds = np.concatenate(([0], np.cumsum(tensor_counts)))
-    count = pa.array(
-        per_tensor[bounds[1:]] - per_tensor[bounds[:-1]], mask=~outer.is_valid().to_numpy(zero_copy_only=False)
-    )
-    texts = pl.Series(outer).list.eval(
-        pl.lit("[") + pl.element().list.eval(pl.element().cast(pl.String)).list.join(", ") + pl.lit("]")
-    )
-    shape = pl.lit("[") + pl.col("s").list.join(", ") + pl.lit("]")
-    return pl.DataFrame({"s": texts}).select(shape).to_series().to_arrow(), count
+def _shapes(sizes: list, locate: _Locate) -> tuple[pa.Array, pa.Array]:
+    """(shape text, element count) columns from the entries' ``input_sizes``, each distinct value checked
+    and mapped once; a bad one is named by the first entry holding it."""
+    texts, distinct, encoded = _by_text(sizes)
+    mapped: dict[str, tuple[str | None, int | None]] = {}
+    for text, value in distinct.items():
+        try:
+            shape, count = _shape_and_count(value, Path(), 0)
+            if count is not None and count >= 1 << 62:
+                raise EvidenceError("too many elements")
+        except EvidenceError:
+            path, index = locate(texts.index(text))
+            shape, count = _shape_and_count(value, path, index)
+            if count is not None and count >= 1 << 62:
+                raise EvidenceError(
+                    f"{path}: entry {index}: input_sizes describe tensors with too many elements"
+                ) from None
+        mapped[text] = (shape, count)
+    keys = encoded.dictionary.to_pylist()
+    shape_col = pa.array([mapped[k][0] for k in keys], pa.string()).take(encoded.indices)
+    count_col = pa.array([mapped[k][1] for k in keys], pa.int64()).take(encoded.indices)
+    return shape_col, count_col
 
 
 @lru_cache(maxsize=4096)
@@ -295,43 +404,24 @@ def _dtype_info(names: tuple) -> tuple[str | None, int] | None:
 
 
 def _dtypes(dtype_lists: list, locate: _Locate) -> tuple[pa.Array, np.ndarray]:
-    """(dtype column, item sizes): each distinct source name normalised once, then per entry the sorted
-    distinct names joined by ',' and an item size when there is exactly one."""
-
-    def explain() -> None:
-        for index, names in enumerate(dtype_lists):
-            try:
-                found = _dtype_info(tuple(names)) if isinstance(names, list | tuple) else None
-            except TypeError:  # an unhashable element: not a name
-                found = None
-            if found is None:
-                raise EvidenceError(f"{locate.where(index)}: input_dtypes must be a list of names")
-        raise EvidenceError(f"{locate.paths[0]}: input_dtypes must be lists of names")
-
+    """(dtype column, item sizes): per entry the sorted distinct normalised names joined by ',' and an
+    item size when there is exactly one; each distinct list mapped once."""
     if not dtype_lists:
         return pa.array([], pa.string()), np.zeros(0, np.int64)
-    lists = None
-    if set(map(type, dtype_lists)) <= {list, tuple}:
+    texts, distinct, encoded = _by_text(dtype_lists)
+    mapped: dict[str, tuple[str | None, int]] = {}
+    for text, names in distinct.items():
         try:
-            lists = pa.array(dtype_lists)  # inferred: anything but text gives another type
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
-            lists = None
-    if lists is None or not (pa.types.is_null(lists.type.value_type) or pa.types.is_string(lists.type.value_type)):
-        explain()
-    assert lists is not None
-    if lists.flatten().null_count:
-        explain()
-    flat = lists.flatten().cast(pa.string())
-    if len(flat) and pc.any(pc.match_substring(flat, _SEPARATOR)).as_py():
-        explain_each = [_dtype_info(tuple(names)) for names in dtype_lists]  # a name holding the separator
-        return pa.array([i[0] for i in explain_each], pa.string()), np.array([i[1] for i in explain_each], np.int64)
-    # One key per distinct list (its names joined), each distinct list normalised once.
-    encoded = pc.dictionary_encode(pc.binary_join(lists.cast(pa.list_(pa.string())), _SEPARATOR))
+            found = _dtype_info(tuple(names)) if isinstance(names, list | tuple) else None
+        except TypeError:  # an unhashable element: not a name
+            found = None
+        if found is None:
+            raise EvidenceError(f"{locate.where(texts.index(text))}: input_dtypes must be a list of names")
+        mapped[text] = found
+    keys = encoded.dictionary.to_pylist()
     codes = encoded.indices.to_numpy()
-    _, first = np.unique(codes, return_index=True)
-    info = [_dtype_info(tuple(names)) for names in lists.take(pa.array(first)).to_pylist()]
-    dtype = pa.array([i[0] for i in info], pa.string()).take(encoded.indices)
-    return dtype, np.array([i[1] for i in info], np.int64)[codes]
+    dtype = pa.array([mapped[k][0] for k in keys], pa.string()).take(encoded.indices)
+    return dtype, np.array([mapped[k][1] for k in keys], np.int64)[codes]
 
 
 @lru_cache(maxsize=4096)
@@ -372,6 +462,8 @@ _FIELDS = {
     "time_discovered_completed_ns": None,
 }
 _INT_OR_NONE = {int, type(None)}
+_STR_OR_NONE = {str, type(None)}
+_LIST_OR_NONE = {list, type(None)}
 _SEPARATOR = "\x1f"  # joins an entry's dtype names into one key
 
 
@@ -392,16 +484,28 @@ def _entries_table(dumps: list[_Dump], locate: _Locate) -> pa.Table:
     entries = [e for d in dumps for e in d.entries]
     n = len(entries)
     file = np.repeat(np.arange(len(dumps)), [len(d.entries) for d in dumps])
-    _fail_at([not isinstance(e, dict) for e in entries], " is not a dict", locate, entries)
+    # Each check runs on the whole column at C speed; only a failing one looks entry by entry (to name it).
+    if not set(map(type, entries)) <= {dict}:
+        _fail_at([not isinstance(e, dict) for e in entries], " is not a dict", locate, entries)
     fields = _fields(entries)
+    _check_shared(fields, dumps)
     process_group = fields["process_group"]
-    _fail_at([not (isinstance(g, list | tuple) and g) for g in process_group], " has no process_group", locate, entries)
-    names = [g[0] if type(g[0]) is str else str(g[0]) for g in process_group]
-    descs = [str(g[1]) if len(g) > 1 and g[1] is not None else None for g in process_group]
+    if not (set(map(type, process_group)) <= {tuple, list} and all(process_group)):
+        missing = [not (isinstance(g, list | tuple) and g) for g in process_group]
+        _fail_at(missing, " has no process_group", locate, entries)
+    names = list(map(itemgetter(0), process_group))
+    if not set(map(type, names)) <= {str}:
+        names = [g[0] if type(g[0]) is str else str(g[0]) for g in process_group]
+    descs = None
+    if min(map(len, process_group), default=2) >= 2:
+        descs = list(map(itemgetter(1), process_group))
+    if descs is None or not set(map(type, descs)) <= _STR_OR_NONE:
+        descs = [str(g[1]) if len(g) > 1 and g[1] is not None else None for g in process_group]
     profiling = fields["profiling_name"]
-    _fail_at(
-        [p is not None and type(p) is not str for p in profiling], ": profiling_name must be text", locate, entries
-    )
+    if not set(map(type, profiling)) <= _STR_OR_NONE:
+        _fail_at(
+            [p is not None and type(p) is not str for p in profiling], ": profiling_name must be text", locate, entries
+        )
     profiling_arr = pa.array(profiling, pa.string())
     op = ops(profiling_arr)
     send_recv = pc.is_in(op, pa.array(["send", "recv"])).to_numpy(zero_copy_only=False)
@@ -411,9 +515,10 @@ def _entries_table(dumps: list[_Dump], locate: _Locate) -> pa.Table:
     seq_values = [p2p_seq if p2p else seq for seq, p2p_seq, p2p in pairs]
     seq = _int_column(seq_values, lambda i: "p2p_seq_id" if p2p_list[i] else "collective_seq_id", locate)
     states = fields["state"]
-    _fail_at(
-        [type(s) is not str or s not in _STATES for s in states], " has unknown state {value!r:.40}", locate, states
-    )
+    if not (set(map(type, states)) <= {str} and set(states) <= _STATES.keys()):
+        _fail_at(
+            [type(s) is not str or s not in _STATES for s in states], " has unknown state {value!r:.40}", locate, states
+        )
     shape, count = _shapes(fields["input_sizes"], locate)
     dtype, itemsize = _dtypes([d or [] for d in fields["input_dtypes"]], locate)
     record_id = _int_column(fields["record_id"], lambda i: "record_id", locate)
@@ -485,6 +590,27 @@ def _entries_table(dumps: list[_Dump], locate: _Locate) -> pa.Table:
     )
 
 
+def _first_names(pg_ids: list, status: dict, comm_ids: pa.ChunkedArray, start: int) -> dict[int, str]:
+    """For each pg_status key (a local group id), the name of the first entry's group with that id."""
+    found = {}
+    for key in status:
+        try:
+            pg_id = int(key)
+        except (TypeError, ValueError):
+            continue
+        at = 0
+        while True:
+            try:
+                at = pg_ids.index(pg_id, at)
+            except ValueError:
+                break
+            if type(pg_ids[at]) is int:  # not a bool or float that equals it
+                found[pg_id] = comm_ids[start + at].as_py()
+                break
+            at += 1
+    return found
+
+
 def _progress(dumps: list[_Dump], entries: pa.Table) -> tuple[pa.Table, np.ndarray]:
     """The progress rows of every dump (pg_status watermarks, membership of groups without entries),
     and the file each row belongs to."""
@@ -512,14 +638,19 @@ def _progress(dumps: list[_Dump], entries: pa.Table) -> tuple[pa.Table, np.ndarr
     rows: dict[str, list] = {k: [] for k in ("file", "rank", "comm_id", "is_p2p", "seq", "seq_kind", "comm_desc")}
     rows.update({k: [] for k in ("comm_ranks", "comm_size", "comm_rank")})
     start = 0
+    comm_ids = entries.column("comm_id")
     for f, d in enumerate(dumps):
-        names = entries.column("comm_id").slice(start, len(d.entries)).to_pylist()
-        pg_ids = [e.get("pg_id") for e in d.entries]
-        start += len(d.entries)
+        status = d.dump.get("pg_status", {}) or {}
+        pg_ids = list(map(dict.get, d.entries, repeat("pg_id")))
         # pg_status is keyed by the group's local id: placed on the first group seen with that id in the entries.
-        pg_names = {
-            pg_id: name for pg_id, name in zip(reversed(pg_ids), reversed(names), strict=True) if type(pg_id) is int
-        }
+        if isinstance(status, dict) and len(status) <= 64:
+            pg_names = _first_names(pg_ids, status, comm_ids, start)
+        else:
+            names = comm_ids.slice(start, len(d.entries)).to_pylist()
+            pg_names = {
+                pg_id: name for pg_id, name in zip(reversed(pg_ids), reversed(names), strict=True) if type(pg_id) is int
+            }
+        start += len(d.entries)
 
         def add(name: str, p2p: bool, seq: int | None, kind: str | None, f: int = f, d: _Dump = d) -> None:
             desc, ranks, size, position = _comm_info(d.groups, name, d.rank)
@@ -528,7 +659,6 @@ def _progress(dumps: list[_Dump], entries: pa.Table) -> tuple[pa.Table, np.ndarr
             ):
                 rows[column].append(value)
 
-        status = d.dump.get("pg_status", {}) or {}
         if not isinstance(status, dict):
             raise EvidenceError(f"{d.path}: 'pg_status' must be a dict")
         for key, watermark in status.items():
@@ -579,8 +709,13 @@ def load(path: Path) -> pa.Table:
 
 def _load_files(files: list[Path]) -> pa.Table:
     # Every file is read and checked before anything is returned: a bad file fails the whole load.
-    dumps: list[_Dump] = []
+    # Files are read in batches: a batch's entries are mapped together (so the cost per file is only
+    # its unpickling), then turned into Arrow columns, and its Python objects freed.
+    parts: list[pa.Table] = []
+    batch: list[_Dump] = []
     seen: dict[int, Path] = {}
+    rows = entries = 0
+    start = _resident_bytes()
     for file in files:
         dump = _read(file)
         groups = _groups(dump, file)
@@ -588,18 +723,32 @@ def _load_files(files: list[Path]) -> pa.Table:
         if rank in seen:
             raise EvidenceError(f"{file}: rank {rank} already read from {seen[rank].name}")
         seen[rank] = file
-        dumps.append(_Dump(file, dump, groups, rank, dump.get("entries", []) or []))
-    # The entries of all files are mapped together, so the cost per file is only its unpickling.
+        batch.append(_Dump(file, dump, groups, rank, dump.get("entries", []) or [], file.stat().st_size))
+        entries += len(batch[-1].entries)
+        if entries >= BATCH_ENTRIES or _resident_bytes() - start > BATCH_BYTES:
+            rows += _flush(batch, parts)
+            batch, entries, start = [], 0, _resident_bytes()
+        if rows > MAX_ROWS:
+            raise EvidenceError(f"{file}: more than {MAX_ROWS} operations in the dumps read so far")
+    rows += _flush(batch, parts)
+    if rows > MAX_ROWS:
+        raise EvidenceError(f"{files[-1]}: more than {MAX_ROWS} operations in the dumps")
+    return concat(parts)
+
+
+def _flush(dumps: list[_Dump], parts: list[pa.Table]) -> int:
+    """Map a batch of dumps into ``parts``: rows in file order, each file's progress rows after its entries."""
+    if not dumps:
+        return 0
     entries = _entries_table(dumps, _Locate(dumps))
     progress, owner = _progress(dumps, entries)
-    # Rows in file order, each file's progress rows after its entries (as a per-file reader would give them).
-    parts, entry_start, progress_start = [], 0, 0
+    entry_start, progress_start = 0, 0
     progress_counts = np.bincount(owner, minlength=len(dumps))
     for d, extra in zip(dumps, progress_counts.tolist(), strict=True):
         parts += [entries.slice(entry_start, len(d.entries)), progress.slice(progress_start, extra)]
         entry_start += len(d.entries)
         progress_start += extra
-    return concat(parts)
+    return entries.num_rows + progress.num_rows
 
 
 register(Importer(NAME, detect, load))

@@ -19,14 +19,14 @@ columns: per distinct value, or as numpy/Arrow kernels.
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import zlib
+from collections.abc import Iterator
 from functools import lru_cache
 from itertools import compress, repeat
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -34,13 +34,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from comminsight.importers import EvidenceError, Importer, directory_holds, evidence_files, register
-from comminsight.importers.columns import concat, paused_gc, to_table
+from comminsight.importers.columns import MAX_ROWS, concat, paused_gc, to_table
 from comminsight.importers.normalise import dtypes, itemsizes, map_distinct, ops
 
 NAME = "kineto"
 MAX_FILE_BYTES = 1 << 30
+# The decompressed document: read as a stream, so this bounds time, not memory.
 MAX_JSON_BYTES = 4 << 30
+# gzip shrinks a trace 10-30 times; past this ratio (and this size) the input is a compression bomb.
+MAX_RATIO = 200
+RATIO_FLOOR_BYTES = 64 << 20
+CHUNK_BYTES = 8 << 20
+# One event, or one top-level member other than traceEvents, is held whole while it is read.
+MAX_PIECE_BYTES = 64 << 20
+MAX_DEPTH = 128
 MAX_EVENTS = 50_000_000
+# Events kept for the table (NCCL kernels, record_param_comms ops, step spans) per trace; with the
+# row cap of a load, this keeps an import's memory under 1 GB whatever the input.
+MAX_KEPT_EVENTS = 400_000
 _HEAD = 4096
 _KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"distributedInfo"', b'"deviceProperties"')
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -91,39 +102,9 @@ def detect(path: Path) -> bool:
     return False
 
 
-def _parse_json(data: bytes) -> Any:
-    """orjson (several times faster); the standard parser for what only it admits (NaN, huge integers)."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
-
-
 def _read(path: Path) -> dict:
-    size = path.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise EvidenceError(f"{path}: {size} bytes is over the {MAX_FILE_BYTES}-byte limit for a trace")
-    try:
-        with path.open("rb") as raw:
-            magic = raw.read(2)
-        if magic == b"\x1f\x8b":
-            with gzip.open(path, "rb") as f:
-                data = f.read(MAX_JSON_BYTES + 1)
-        else:
-            data = path.read_bytes()
-    except (OSError, EOFError, zlib.error) as exc:
-        raise EvidenceError(f"{path}: cannot read trace: {exc}") from exc
-    if len(data) > MAX_JSON_BYTES:
-        raise EvidenceError(f"{path}: decompressed trace is over the {MAX_JSON_BYTES}-byte limit")
-    try:
-        trace = _parse_json(data)
-    except (ValueError, RecursionError) as exc:
-        raise EvidenceError(f"{path}: not valid JSON: {exc}") from exc
-    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
-        raise EvidenceError(f"{path}: not a Kineto trace (no 'traceEvents' list)")
-    if len(trace["traceEvents"]) > MAX_EVENTS:
-        raise EvidenceError(f"{path}: more than {MAX_EVENTS} events")
-    return trace
+    """The trace's used top-level members and its selected events (compacted), read as a stream."""
+    return _TraceReader(path).read()
 
 
 def _number(value: Any) -> float | None:
@@ -389,6 +370,288 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
     return concat([ops_table, to_table(span_columns, path)])
 
 
+# ---- the trace as a stream of pieces -----------------------------------------------------------
+
+# Bytes that structure a JSON document: string delimiters and escapes, brackets and separators.
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_TOKEN_BYTES = bytes(1 if chr(c) in '"\\{}[]' else 0 for c in range(256))
+_KEY_TAIL = 4096  # a member name longer than this is not "traceEvents", however it is escaped
+_DELTA = np.zeros(256, np.int32)
+_DELTA[list(b"{[")] = 1
+_DELTA[list(b"}]")] = -1
+# An event can matter only if its text holds one of these (or a \u escape, which could spell any of
+# them): NCCL kernels carry "nccl" in their name or a "Collective name" argument, the CPU op is
+# record_param_comms, step spans are ProfilerStep#N.
+_NEEDLES = (b"nccl", b"Collective name", b"record_param_comms", b"ProfilerStep#", b"\\u")
+# The parts of an event (and of its args) the table is made of.
+_EVENT_KEYS = ("ph", "cat", "name", "ts", "dur", "pid", "args")
+_ARG_KEYS = frozenset(
+    (
+        "External id",
+        "Collective name",
+        "Process Group Name",
+        "Process Group Ranks",
+        "Process Group Description",
+        "Group size",
+        "dtype",
+        "In msg nelems",
+        "Seq",
+        "seq",
+        "device",
+        "stream",
+        *_PEER_KEYS,
+    )
+)
+
+
+def _chunks(path: Path) -> Iterator[bytes]:
+    """The trace's bytes, decompressed as they are read, at most CHUNK_BYTES at a time.
+
+    The decompressed size and the expansion ratio are checked after every step, so a compression
+    bomb is refused after a few chunks, long before its expansion could fill memory.
+    """
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise EvidenceError(f"{path}: {size} bytes is over the {MAX_FILE_BYTES}-byte limit for a trace")
+    with path.open("rb") as raw:
+        if raw.read(2) != b"\x1f\x8b":
+            raw.seek(0)
+            while chunk := raw.read(CHUNK_BYTES):
+                yield chunk
+            return
+        raw.seek(0)
+        read = produced = 0
+        member: Any = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        while data := raw.read(1 << 20):
+            read += len(data)
+            while data:
+                if member is None:  # between gzip members: zero padding, then another member or the end
+                    data = data.lstrip(b"\0")
+                    if not data:
+                        break
+                    member = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                out = member.decompress(data, CHUNK_BYTES)
+                produced += len(out)
+                if produced > MAX_JSON_BYTES:
+                    raise EvidenceError(f"{path}: decompressed trace is over the {MAX_JSON_BYTES}-byte limit")
+                consumed = read - len(member.unconsumed_tail) - len(member.unused_data)
+                if produced > RATIO_FLOOR_BYTES and produced > MAX_RATIO * consumed:
+                    raise EvidenceError(
+                        f"{path}: expands over {MAX_RATIO} times its compressed size, far beyond any trace;"
+                        " refused as a compression bomb"
+                    )
+                if out:
+                    yield out
+                if member.eof:
+                    data, member = member.unused_data, None
+                else:
+                    data = member.unconsumed_tail
+        if member is not None and not member.eof:
+            raise EvidenceError(f"{path}: cannot read trace: the compressed stream ends before its end marker")
+
+
+def _parse(piece: bytes) -> Any:
+    """orjson (several times faster); the standard parser for what only it admits (NaN, huge integers)."""
+    try:
+        return orjson.loads(piece)
+    except orjson.JSONDecodeError:
+        return json.loads(piece)
+
+
+def _compact(event: Any) -> Any:
+    """The parts of a selected event the table is made of (a trace's args carry dozens of others)."""
+    if type(event) is not dict:
+        return event
+    kept = {key: event[key] for key in _EVENT_KEYS if key in event}
+    args = kept.get("args")
+    if type(args) is dict:
+        kept["args"] = {key: value for key, value in args.items() if key in _ARG_KEYS}
+    return kept
+
+
+class _Tokens(NamedTuple):
+    """The brackets of a buffer that lie outside strings: offsets, the bytes, the nesting after each."""
+
+    pos: np.ndarray
+    char: np.ndarray
+    depth: np.ndarray
+
+
+def _tokens(buf: bytes, depth0: int, path: Path) -> _Tokens:
+    """The bracket structure of ``buf`` (which starts outside any string, at nesting ``depth0``), vectorised.
+
+    A quote after an odd run of backslashes is escaped; any other quote opens or closes a string;
+    a bracket after an odd number of quotes lies inside a string and is not structure.
+    """
+    data = np.frombuffer(buf, np.uint8)
+    at = np.flatnonzero(np.frombuffer(buf.translate(_TOKEN_BYTES), bool))
+    chars = data[at]
+    quote = chars == _QUOTE
+    if b"\\" in buf:
+        slash = chars == _BACKSLASH
+        slashes = at[slash]
+        run_start = np.r_[True, slashes[1:] != slashes[:-1] + 1]
+        starts = slashes[run_start]
+        lengths = np.diff(np.r_[np.flatnonzero(run_start), len(slashes)])
+        escaped = (starts + lengths)[lengths % 2 == 1]
+        quote &= ~np.isin(at, escaped)
+        keep = ~slash
+        at, chars, quote = at[keep], chars[keep], quote[keep]
+    outside = ~quote & ((np.cumsum(quote, dtype=np.int64) & 1) == 0)
+    at, chars = at[outside], chars[outside]
+    depth = np.cumsum(_DELTA[chars]) + depth0
+    if len(depth):
+        if depth.max() > MAX_DEPTH:
+            raise EvidenceError(f"{path}: JSON nested deeper than {MAX_DEPTH} levels, which no trace is")
+        if depth.min() < 0:
+            raise EvidenceError(f"{path}: not valid JSON: a bracket closes what was never opened")
+    return _Tokens(at, chars, depth)
+
+
+def _ends_with_key(text: bytes) -> str | None:
+    """The member name that ``text`` (the document so far, at nesting 1) ends with, as in ``"name":``."""
+    text = text.rstrip()
+    if not text.endswith(b":"):
+        return None
+    text = text[:-1].rstrip()
+    if not text.endswith(b'"'):
+        return None
+    at = len(text) - 1
+    while (at := text.rfind(b'"', 0, at)) >= 0:
+        slashes = len(text[:at]) - len(text[:at].rstrip(b"\\"))
+        if slashes % 2 == 0:
+            try:
+                key = orjson.loads(text[at:])
+            except orjson.JSONDecodeError:
+                return None
+            return key if type(key) is str else None
+    return None
+
+
+class _TraceReader:
+    """A trace read as a stream of pieces: ``traceEvents`` element by element, everything else as the
+    document's skeleton (the document with that array emptied), parsed whole at the end.
+
+    Only the events whose text could matter (``_NEEDLES``) are parsed, and only their useful parts
+    kept; the others are checked for structure (balanced brackets, closed strings, nesting depth)
+    and skipped. Memory holds a chunk, the event it ends in, the skeleton and the selected events.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.in_events = False
+        self.skeleton = bytearray()
+        self.events: list = []
+        self.seen = 0  # elements of the current traceEvents array
+
+    def read(self) -> dict:
+        carry, depth = b"", 0
+        for chunk in _chunks(self.path):
+            buf = carry + chunk if carry else chunk
+            keep, depth = self._feed(buf, depth)
+            carry = buf[keep:]
+            if len(carry) > MAX_PIECE_BYTES or len(self.skeleton) > MAX_PIECE_BYTES:
+                what = "an event" if self.in_events else "the trace outside its events"
+                raise EvidenceError(f"{self.path}: {what} is over the {MAX_PIECE_BYTES}-byte limit")
+        self.skeleton += carry
+        try:
+            trace = _parse(bytes(self.skeleton))
+        except (ValueError, RecursionError) as exc:
+            raise EvidenceError(f"{self.path}: not valid JSON: {exc}") from exc
+        if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+            raise EvidenceError(f"{self.path}: not a Kineto trace (no 'traceEvents' list)")
+        trace["traceEvents"] = self.events
+        return trace
+
+    def _feed(self, buf: bytes, depth0: int) -> tuple[int, int]:
+        """Take in the complete pieces of ``buf``; returns where the rest begins and the nesting there."""
+        tokens = _tokens(buf, depth0, self.path)
+        pos, char, depth = tokens
+        if not len(pos):
+            return 0, depth0
+        # The top level: brackets leaving nesting <= 1, and the openings of top-level values.
+        top = np.flatnonzero((depth <= 1) | ((depth == 2) & (_DELTA[char] > 0)))
+        mark, first = 0, 0
+        if self.in_events:
+            close = int(top[0]) if len(top) else None
+            mark = self._elements(buf, tokens, 0, close)
+            if close is None:
+                return mark, 2
+            self._close(char[close])
+            mark, first = int(pos[close]) + 1, 1
+        for index in top[first:].tolist():
+            p = int(pos[index])
+            if self.in_events:  # the closing bracket of traceEvents
+                self._close(char[index])
+                mark = p + 1
+            elif char[index] == ord("[") and depth[index] == 2:
+                self.skeleton += buf[mark:p]
+                if _ends_with_key(self.skeleton[-_KEY_TAIL:]) == "traceEvents":
+                    # Another traceEvents replaces the first, as when the whole document is parsed.
+                    self.skeleton += b"[]"
+                    self.in_events, self.events, self.seen = True, [], 0
+                    following = top[np.searchsorted(top, index) + 1 :]
+                    close = int(following[0]) if len(following) else None
+                    mark = self._elements(buf, tokens, index + 1, close)
+                    if close is None:
+                        return mark, 2
+                else:
+                    mark = p
+        # Outside traceEvents: up to the last bracket into the skeleton, the rest (which may end in
+        # a string cut in two) carried over.
+        last = int(pos[-1]) + 1
+        self.skeleton += buf[mark:last]
+        return last, int(depth[-1])
+
+    def _close(self, char: int) -> None:
+        if char != ord("]"):
+            raise EvidenceError(f"{self.path}: not valid JSON: traceEvents closes with a '}}'")
+        self.in_events = False
+
+    def _elements(self, buf: bytes, tokens: _Tokens, first: int, close: int | None) -> int:
+        """Select and parse the complete elements of traceEvents in tokens ``first`` up to ``close`` (its
+        ``]``; None: beyond this buffer). Returns where the first incomplete element starts."""
+        pos, char, depth = tokens
+        region = slice(first, len(pos) if close is None else close)
+        delta = _DELTA[char[region]]
+        opens = pos[region][(depth[region] == 3) & (delta > 0)]
+        ends = pos[region][(depth[region] == 2) & (delta < 0)] + 1
+        complete = len(ends)
+        self.seen += complete
+        if self.seen > MAX_EVENTS:
+            raise EvidenceError(f"{self.path}: more than {MAX_EVENTS} events")
+        if close is not None:
+            rest = int(pos[close])
+        elif complete < len(opens):
+            rest = int(opens[complete])
+        else:
+            rest = int(pos[region.stop - 1]) + 1 if region.stop else 0  # after the last bracket (or the '[')
+        if not complete:
+            return rest
+        lo, hi = int(opens[0]), int(ends[complete - 1])
+        hits = []
+        for needle in _NEEDLES:
+            at = buf.find(needle, lo, hi)
+            while at >= 0:
+                hits.append(at)
+                at = buf.find(needle, at + len(needle), hi)
+        if hits:
+            found = np.array(hits)
+            index = np.searchsorted(opens[:complete], found, side="right") - 1
+            selected = np.unique(index[found < ends[index]])
+            if len(self.events) + len(selected) > MAX_KEPT_EVENTS:
+                raise EvidenceError(
+                    f"{self.path}: more than {MAX_KEPT_EVENTS} NCCL, record_param_comms and ProfilerStep events"
+                )
+            for i in selected.tolist():
+                try:
+                    self.events.append(_compact(_parse(buf[opens[i] : ends[i]])))
+                except (ValueError, RecursionError) as exc:
+                    where = f"event {self.seen - complete + i}"
+                    raise EvidenceError(f"{self.path}: not valid JSON: {where}: {exc}") from exc
+        return rest
+
+
 def load(path: Path) -> pa.Table:
     """The NCCL operations (and ProfilerStep spans) of every trace under ``path``."""
     path = Path(path)
@@ -399,6 +662,7 @@ def load(path: Path) -> pa.Table:
         raise EvidenceError(f"{path}: no Kineto trace found")
     tables: list[pa.Table] = []
     seen: dict[int, Path] = {}
+    rows = 0
     for file in files:
         with paused_gc():
             trace = _read(file)
@@ -408,6 +672,9 @@ def load(path: Path) -> pa.Table:
             raise EvidenceError(f"{file}: rank {rank} already read from {seen[rank].name}")
         seen[rank] = file
         tables.append(table)
+        rows += table.num_rows
+        if rows > MAX_ROWS:
+            raise EvidenceError(f"{file}: more than {MAX_ROWS} operations in the traces read so far")
     result = concat(tables)
     if result.num_rows == 0:
         raise EvidenceError(f"{path}: no NCCL operations or ProfilerStep spans in the trace(s)")

@@ -37,7 +37,10 @@ from comminsight.importers.columns import to_table
 from comminsight.importers.normalise import op_name, ops
 
 NAME = "nccl_inspector"
-MAX_FILE_BYTES = 8 << 30
+# A log is parsed whole (about 2.5 times its size in memory); with the total cap, an import of logs
+# stays under 1 GB of memory.
+MAX_FILE_BYTES = 192 << 20
+MAX_TOTAL_BYTES = 1 << 30
 MAX_LINE_BYTES = 1 << 20
 _HEAD = 4096
 _PAYLOADS = ("coll_perf", "p2p_perf")
@@ -293,6 +296,9 @@ def load(path: Path) -> pa.Table:
     files = _logs(path)
     if not files:
         raise EvidenceError(f"{path}: no NCCL Inspector log found")
+    total = sum(file.stat().st_size for file in files)
+    if total > MAX_TOTAL_BYTES:
+        raise EvidenceError(f"{path}: {total} bytes of logs is over the {MAX_TOTAL_BYTES}-byte limit for one import")
     rows = pa.concat_tables([_read(file) for file in files])
     if rows.num_rows == 0:
         raise EvidenceError(f"{path}: no collective or P2P records in the log(s)")

@@ -34,8 +34,11 @@ import pyarrow as pa
 
 from comminsight.evidence.schema import OPS, conform
 from comminsight.importers import EvidenceError, Importer, register
+from comminsight.importers.columns import MAX_ROWS
 
-MAX_BYTES = 4 << 30  # refuse tables over 4 GiB: this importer loads the whole table
+# This importer loads the whole table: a CSV file or a Parquet table's uncompressed data (which a
+# few compressed kilobytes can describe in gigabytes) is held to a size that keeps memory under 1 GB.
+MAX_BYTES = 256 << 20
 MAX_LABEL_CHARS = 256
 
 # Canonical column -> accepted source names (lower case), in preference order.
@@ -137,16 +140,37 @@ def _unit_of(column: str, dtype: pl.DataType) -> float:
     return 1e9 if dtype.is_float() else 1.0
 
 
+def check_parquet_size(path: Path) -> None:
+    """Refuse a Parquet file whose data, uncompressed, is over MAX_BYTES (read from its footer only)."""
+    import pyarrow.parquet as pq
+
+    try:
+        metadata = pq.ParquetFile(path).metadata
+    except (OSError, pa.ArrowException) as exc:
+        raise EvidenceError(f"{path}: cannot read as a table: {exc}") from exc
+    size = sum(max(metadata.row_group(i).total_byte_size, 0) for i in range(metadata.num_row_groups))
+    if size > MAX_BYTES:
+        raise EvidenceError(f"{path}: {size} bytes uncompressed is over the {MAX_BYTES}-byte limit for tables")
+    if metadata.num_rows > MAX_ROWS:  # run-length and dictionary encodings make rows nearly free on disk
+        raise EvidenceError(f"{path}: {metadata.num_rows} rows is over the limit of {MAX_ROWS} for tables")
+
+
 def _read(path: Path) -> pl.DataFrame:
     size = path.stat().st_size
     if size > MAX_BYTES:
         raise EvidenceError(f"{path}: {size} bytes is over the {MAX_BYTES}-byte limit for per-operation tables")
     try:
         if path.suffix.lower() in (".parquet", ".pq"):
+            check_parquet_size(path)
             return pl.read_parquet(path)
-        return pl.read_csv(path, infer_schema_length=10000)
+        frame = pl.read_csv(path, infer_schema_length=10000)
+    except EvidenceError:
+        raise
     except Exception as exc:
         raise EvidenceError(f"{path}: cannot read as a table: {exc}") from exc
+    if frame.height > MAX_ROWS:
+        raise EvidenceError(f"{path}: {frame.height} rows is over the limit of {MAX_ROWS} for tables")
+    return frame
 
 
 def _times_ns(df: pl.DataFrame, column: str, path: Path) -> np.ndarray:

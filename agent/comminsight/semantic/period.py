@@ -6,7 +6,10 @@ within ``tolerance`` of the best lag's (multiples of the period match as well), 
 reaches ``min_match``. The anchor (the operation that opens a step) is a signature, or a pair
 (previous signature, signature), that occurs once per period; among those, the one preceded by
 the longest median idle gap, because steps are separated by the optimizer, data loading and the
-forward pass, where little communication runs. Pairs matter when the opening operation also
+forward pass, where little communication runs; but when the rank reduces gradients over a
+data-parallel communicator a few times per period, the anchor is the operation that follows that
+reduction (and the tiny collectives after it), whatever the gaps: in a pipeline, bubbles and
+backward compute are longer idle stretches than the optimizer. Pairs matter when the opening operation also
 occurs elsewhere in the step (DDP's equal-sized gradient buckets).
 
 Short real traces carry one-off collectives before the first regular step (a framework's set-up:
@@ -22,6 +25,39 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from comminsight.semantic.roles import OP_CODE, ROLE_CODE
+
+_DP = ROLE_CODE["dp"]
+_REDUCTIONS = (OP_CODE["reduce_scatter"], OP_CODE["all_reduce"])
+_TINY_BUCKET = 12  # at most 4 KiB: a loss, a grad norm, a flag
+
+
+def _after_gradient_sync(sig: np.ndarray, period: int) -> np.ndarray:
+    """Positions of the first operation after each data-parallel gradient reduction, or none.
+
+    In a model-parallel step the data-parallel gradient reduction (all-reduce or reduce-scatter
+    on the data-parallel communicator) is the last thing of the step; the optimizer follows,
+    then the next step opens with whatever comes next (a parameter all-gather, a pipeline
+    receive). Tiny collectives right after the reduction (grad norm, loss) still belong to the
+    step that ends. Idle gaps are no guide there: pipeline bubbles and backward compute are
+    longer than the optimizer. None when the sequence has no data-parallel reduction, or has
+    more than a few per period (DDP-style buckets inside backward).
+    """
+    s = sig.astype(np.int64)
+    role, op, bucket = s // (64 * 16), (s // 64) % 16, s % 64
+    reduce = (role == _DP) & np.isin(op, _REDUCTIONS) & ((bucket == 0) | (bucket > _TINY_BUCKET))
+    tiny = (bucket > 0) & (bucket <= _TINY_BUCKET)
+    if not reduce.any() or reduce.sum() > 4 * max(len(s) // period, 1):
+        return np.zeros(0, np.int64)
+    ends = np.flatnonzero(reduce[:-1] & ~reduce[1:]) + 1
+    out = []
+    for q in ends:  # a handful per period
+        while q < len(s) and tiny[q] and not reduce[q]:
+            q += 1
+        if q < len(s):
+            out.append(q)
+    return np.asarray(out, np.int64)
 
 
 @dataclass(frozen=True)
@@ -82,12 +118,15 @@ def detect_period(
     base = np.int64(sig.max()) + 1
     pairs = np.full(n, -1, dtype=np.int64)
     pairs[1:] = sig[:-1].astype(np.int64) * base + sig[1:]
+    after = _after_gradient_sync(sig, period)
     best: tuple[float, int, int] | None = None
     for values, is_pair in ((sig.astype(np.int64), False), (pairs[1:], True)):
         codes, counts = np.unique(values, return_counts=True)
         for code in codes[np.abs(counts - expected) <= 1 + 0.05 * expected]:  # a handful of candidates
             where = np.flatnonzero(values == code) + (1 if is_pair else 0)
             g = float(np.median(gap[where]))
+            # An opening found after the data-parallel gradient synchronisation outranks any gap.
+            g += float(np.isin(where, after).mean()) * 1e30 if after.size else 0.0
             anchor, prev = (int(code % base), int(code // base)) if is_pair else (int(code), -1)
             if best is None or g > best[0] + 1e-9:
                 best = (g, anchor, prev)

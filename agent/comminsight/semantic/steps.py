@@ -19,6 +19,7 @@ import polars as pl
 import pyarrow as pa
 
 from comminsight.semantic.engine import StepEngine, summaries_frame
+from comminsight.semantic.matching import match_operations
 from comminsight.semantic.roles import OP_CODE, ROLE_CODE, ROLES, infer_roles, signatures
 from comminsight.semantic.templates import Template
 
@@ -179,8 +180,6 @@ def recover_steps(
     df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
     if wait_ns is None and compute_waits:
-        from comminsight.analysis.stragglers import match_operations
-
         matched = match_operations(df.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64)))
         wait_ns = matched.get_column("wait_ns").to_numpy()
     events = prepare_events(df, wait_ns)

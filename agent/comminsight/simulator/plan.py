@@ -70,6 +70,17 @@ class Crash:
 
 
 @dataclass(frozen=True)
+class Pause:
+    """Every rank pauses ``seconds`` outside NCCL before launch ``op_index`` of step ``step`` (a checkpoint,
+    an evaluation, a slow data loader): nothing is in flight meanwhile, and the job goes on afterwards."""
+
+    step: int
+    seconds: float
+    op_index: int = 0
+    type: Literal["pause"] = "pause"
+
+
+@dataclass(frozen=True)
 class SlowLink:
     """Point-to-point transfers between global ranks ``ranks[0]`` and ``ranks[1]`` take ``factor`` times longer."""
 
@@ -78,7 +89,7 @@ class SlowLink:
     type: Literal["slow_link"] = "slow_link"
 
 
-Fault = Straggler | Hang | Crash | SlowLink
+Fault = Straggler | Hang | Crash | SlowLink | Pause
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -131,7 +142,8 @@ class SimulationConfig:
         if self.hang_timeout_s > 0:
             return self.hang_timeout_s
         slowest = max([f.slow_pct for f in self.faults if isinstance(f, Straggler)], default=0.0)
-        return max(2.0, 4.0 * self.step_ms * (1 + self.jitter) * (1 + slowest / 100.0) / 1000.0)
+        paused = max([f.seconds for f in self.faults if isinstance(f, Pause)], default=0.0)
+        return max(2.0, 4.0 * self.step_ms * (1 + self.jitter) * (1 + slowest / 100.0) / 1000.0, paused + 5.0)
 
 
 def validate(config: SimulationConfig) -> None:
@@ -180,6 +192,12 @@ def validate(config: SimulationConfig) -> None:
 
 
 def _validate_fault(config: SimulationConfig, fault: Fault) -> None:
+    if isinstance(fault, Pause):
+        if not 0 <= fault.step < config.steps:
+            raise ValueError(f"pause: step {fault.step} is not in 0..{config.steps - 1}")
+        if not 0 < fault.seconds <= 3600 or fault.op_index < 0:
+            raise ValueError("pause: seconds must be in (0, 3600] and the op index not negative")
+        return
     ranks = fault.ranks if isinstance(fault, SlowLink) else (fault.rank,)
     for rank in ranks:
         if not 0 <= rank < config.ranks:
@@ -716,7 +734,7 @@ def compute_durations(config: SimulationConfig, rank: int, steps: tuple[tuple[Ac
     return out
 
 
-_FAULT_TYPES = {cls.type: cls for cls in (Straggler, Hang, Crash, SlowLink)}  # type: ignore[attr-defined]
+_FAULT_TYPES = {cls.type: cls for cls in (Straggler, Hang, Crash, SlowLink, Pause)}  # type: ignore[attr-defined]
 
 
 def config_to_dict(config: SimulationConfig) -> dict:

@@ -24,6 +24,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from comminsight_inject.hook import empty_table, write_table
+
 from comminsight.simulator.abi import load_plugin
 from comminsight.simulator.board import RENDEZVOUS_POLL_S, Aborted, Board, RankStatus
 from comminsight.simulator.driver import ProfilerDriver
@@ -33,11 +35,21 @@ from comminsight.simulator.plan import (
     Crash,
     Hang,
     Launch,
+    Pause,
     Plan,
     build_plan,
     compute_durations,
 )
 from comminsight.simulator.spec import EXIT_ABORTED, EXIT_FAILED, RankSpec
+
+# Megatron's descriptions of the groups the simulator's layouts build.
+GROUP_DESCS = {
+    "world": "default_pg",
+    "tp": "TENSOR_MODEL_PARALLEL_GROUP",
+    "pp": "PIPELINE_MODEL_PARALLEL_GROUP",
+    "dp": "DATA_PARALLEL_GROUP",
+    "mp": "MODEL_PARALLEL_GROUP",
+}
 
 
 class _Journal:
@@ -73,6 +85,7 @@ class RankProcess:
         self.stop_at = {
             (f.step, f.op_index): f for f in spec.config.faults if isinstance(f, Hang | Crash) and f.rank == self.rank
         }
+        self.pause_at = {(f.step, f.op_index): f.seconds for f in spec.config.faults if isinstance(f, Pause)}
 
     # ------------------------------------------------------------------ main thread
 
@@ -80,6 +93,8 @@ class RankProcess:
         """Run the whole rank; returns the process exit code."""
         board, rank = self.board, self.rank
         self.journal.write(ev="start", rank=rank, pid=os.getpid(), t=time.time_ns())
+        if not self.spec.config.comm_names:
+            self._record_process_groups()
         for comm in self.plan.communicators_of(rank):
             name = comm.name if self.spec.config.comm_names else None
             stream = 0x5500_0000_0000 + (rank << 20) + (comm.index << 4)
@@ -115,6 +130,29 @@ class RankProcess:
         board.set_status(rank, RankStatus.DONE if outcome == "completed" else RankStatus.ABORTED)
         return code
 
+    def _record_process_groups(self) -> None:
+        """What the import hook writes at level 2 (NCCL gets no commName): this rank's process groups."""
+        groups = [
+            {
+                "name": str(comm.index),
+                "desc": GROUP_DESCS.get(comm.kind, comm.kind),
+                "ranks": list(comm.ranks),
+                "size": comm.nranks,
+                "creation_index": i,
+                "backend": "nccl",
+            }
+            for i, comm in enumerate(self.plan.communicators_of(self.rank))
+        ]
+        table = {
+            **empty_table(),
+            "rank": self.rank,
+            "world_size": self.spec.config.ranks,
+            "level": 2,
+            "reason": "simulated job without commName",
+            "groups": groups,
+        }
+        write_table(table, Path(self.spec.home))
+
     def _run_actions(self, step: int, actions: tuple, durations: list[float]) -> None:
         launch_index = 0
         compute_index = 0
@@ -127,6 +165,11 @@ class RankProcess:
                 self.board.beat(self.rank)
                 continue
             assert isinstance(action, Launch)
+            pause = self.pause_at.get((step, launch_index))
+            if pause:
+                self.journal.write(ev="pause", step=step, launch=launch_index, seconds=pause, t=time.time_ns())
+                time.sleep(pause)  # outside NCCL, on every rank at once
+                self.board.beat(self.rank)
             fault = self.stop_at.get((step, launch_index))
             if fault is not None:
                 self._stop_here(fault, step, launch_index)

@@ -56,6 +56,8 @@ class CommunicatorLiveSerializer(serializers.Serializer):
     last_completed_seq = serializers.IntegerField(min_value=-1, required=False, default=-1)
     lagging_ranks = serializers.ListField(child=serializers.IntegerField(), max_length=1 << 16, required=False)
     inflight = serializers.IntegerField(min_value=0, required=False, default=0)
+    # Members by index inside the communicator: {"<index>": {"global_rank": g, ...}}; lagging_ranks are indices.
+    ranks = serializers.DictField(child=serializers.JSONField(), required=False)
 
 
 class HeartbeatSerializer(serializers.Serializer):
@@ -68,6 +70,12 @@ class HeartbeatSerializer(serializers.Serializer):
     communicators = serializers.ListField(child=CommunicatorLiveSerializer(), max_length=100_000, required=False)
     hang = serializers.JSONField(required=False, allow_null=True, default=None)
     finished = serializers.BooleanField(required=False, default=False)
+    # Measurements (docs/formats/upload.md, "Live heartbeat"): shapes checked here, values by apps.monitoring,
+    # which skips an unusable value with a log line rather than refuse the heartbeat's progress with it.
+    steps = serializers.ListField(child=serializers.DictField(), max_length=1 << 16, required=False, allow_null=True)
+    devices = serializers.ListField(child=serializers.DictField(), max_length=4096, required=False, allow_null=True)
+    nics = serializers.ListField(child=serializers.DictField(), max_length=4096, required=False, allow_null=True)
+    agent = serializers.DictField(required=False, allow_null=True)
 
 
 def _problem(exc: uploads.UploadError) -> Response:

@@ -31,7 +31,9 @@ class WorkloadListView(APIView):
 class WorkloadDetailView(APIView):
     @extend_schema(responses=WorkloadSerializer, summary="One workload")
     def get(self, request: Request, workload_id: int) -> Response:
-        return Response(WorkloadSerializer(_visible_workload(request, workload_id)).data)
+        # The same counts as the list (nodes, ranks, archives), never null.
+        workload = get_object_or_404(workloads_with_counts(workloads_visible_to(request.user)), pk=workload_id)
+        return Response(WorkloadSerializer(workload).data)
 
     @extend_schema(responses={204: None}, summary="Delete a workload (manage level or administrator)")
     def delete(self, request: Request, workload_id: int) -> Response:

@@ -36,10 +36,12 @@
 #define CI_STATE_ENQUEUED  2 /* enqueued, no child seen before finalize/flush */
 #define CI_STATE_ABANDONED 3 /* still in flight when the communicator finalized */
 #define CI_STATE_TIMEOUT   4 /* snapshot of an op in flight past the threshold */
+#define CI_STATE_INFLIGHT  5 /* ring only: snapshot of an op in flight past the agent's inflight_report_ns */
 
 /* ci_op_record.flags */
 #define CI_FLAG_GPU_TIMES  0x1 /* gpu_start_ns/gpu_end_ns are valid */
 #define CI_FLAG_API_STREAM 0x2 /* stream came from the CollApi/P2pApi parent */
+#define CI_FLAG_COMPLETE_FROM_GPU 0x4 /* complete_ns = gpu_end_ns on the host clock (offset from sampled ops), not a host read */
 
 /* CI_CDEF_BEGIN */
 /*
@@ -92,6 +94,16 @@ typedef struct ci_op_record {
  * head with a release store; the consumer reads head with an acquire load,
  * copies records, then advances tail with a release store. When the ring is
  * full the producer drops the record and increments `dropped`.
+ * Requests from the consumer (on its own cache line, next to tail):
+ *   seal_request       - the consumer increments it to ask the writer to seal
+ *                        its open raw-log segment; the writer seals (when the
+ *                        segment holds records) within one writer interval and
+ *                        then stores the value it honoured in seal_done.
+ *   inflight_report_ns - when non-zero, the writer's once-a-second scan puts
+ *                        every operation in flight longer than this into the
+ *                        ring, once, as a CI_STATE_INFLIGHT record (not into
+ *                        the raw log): the agent's view of what is in flight,
+ *                        at the agent's own threshold.
  */
 typedef struct ci_ring_header {
     uint64_t magic;          /* CI_RING_MAGIC */
@@ -105,11 +117,14 @@ typedef struct ci_ring_header {
     uint64_t dropped;        /* records dropped because the ring was full */
     uint64_t lost;           /* records the plugin lost before the ring (queue full, pool empty) */
     char     host[64];
-    uint8_t  _pad0[72];      /* header block fills the first 192 bytes */
+    uint64_t seal_done;      /* producer: the last seal_request honoured */
+    uint8_t  _pad0[64];      /* header block fills the first 192 bytes */
     uint64_t head;           /* written by the producer only; own cache line */
     uint8_t  _pad1[120];
     uint64_t tail;           /* written by the consumer only; own cache line */
-    uint8_t  _pad2[184];
+    uint64_t seal_request;   /* consumer: increment to ask for a segment seal */
+    uint64_t inflight_report_ns; /* consumer: report ops in flight longer than this (0: off) */
+    uint8_t  _pad2[168];
 } ci_ring_header;
 
 /*

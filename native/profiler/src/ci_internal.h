@@ -118,7 +118,7 @@ typedef struct ci_comm {
 
 /* ---- pool.c: operation slots ---- */
 enum { CI_SLOT_FREE = 0, CI_SLOT_INFLIGHT = 1, CI_SLOT_DONE = 2 };
-#define CI_REFS_KCH   (1ull << 32) /* one KernelCh child started (16 bits) */
+#define CI_REFS_KCH   (1ull << 32) /* one KernelCh child started beyond the announced channels (16 bits) */
 #define CI_REFS_PROXY (1ull << 48) /* one ProxyOp child started (15 bits) */
 #define CI_REFS_DONE  (1ull << 63) /* taken out of flight by finalize: the last part must not complete it */
 
@@ -143,6 +143,11 @@ typedef struct __attribute__((aligned(256))) ci_op {
     uint64_t seq, count, stream;
     int32_t peer, tid;
     uint8_t kind, n_channels, flags, reported;
+    /* announced kernel channels started so far: written only by the thread reporting the op's channels
+       (NCCL's proxy thread), so a relaxed load and store, no locked operation; extra children beyond
+       n_channels go through `refs` */
+    _Atomic uint16_t kch_started;
+    uint8_t snapped;             /* already put in the ring as CI_STATE_INFLIGHT for the agent */
     char func[24], dtype[16], algo[16], proto[16];
 } ci_op;
 
@@ -168,7 +173,11 @@ typedef struct ci_pool {
 } ci_pool;
 int ci_pool_init(ci_pool* p, uint32_t size);   /* 0, or -1 on allocation failure */
 void ci_pool_free(ci_pool* p);
-ci_op* ci_pool_alloc(ci_pool* p, unsigned shard); /* NULL when every shard is empty */
+/* Takes up to `max` free slot indices for one thread's private cache, from `shard` first, with one CAS;
+   returns how many (0 when every shard is empty). Order: the first index is the one to use first. */
+uint32_t ci_pool_alloc_batch(ci_pool* p, unsigned shard, uint32_t* out, uint32_t max);
+void ci_pool_give_back(ci_pool* p, uint32_t idx); /* a cached, unused slot back to its home shard */
+void ci_pool_prefetch(const ci_pool* p, uint32_t idx); /* the lines the event path writes, for writing */
 void ci_pool_complete(ci_pool* p, unsigned shard, ci_op* op); /* event path: onto `shard`'s completion list */
 ci_op* ci_pool_take_done(ci_pool* p, unsigned shard); /* writer: the shard's completed slots, oldest first, via link */
 void ci_pool_release(ci_pool* p, ci_op* op);      /* writer side: queued for its home shard */
@@ -184,6 +193,11 @@ typedef struct ci_ring {
 int ci_ring_open(ci_ring* r, const char* dir, uint32_t capacity, const char* host, uint64_t start_ns); /* 0 / -1 */
 void ci_ring_push(ci_ring* r, const ci_op_record* rec);
 void ci_ring_set_lost(ci_ring* r, uint64_t lost);
+/* The consumer's requests (see comminsight_ring.h): seal_request is returned when it differs from the
+   last one honoured (0 when none is pending); inflight_report_ns as set (0: off). */
+uint64_t ci_ring_seal_requested(const ci_ring* r);
+void ci_ring_seal_done(ci_ring* r, uint64_t request);
+uint64_t ci_ring_inflight_report_ns(const ci_ring* r);
 void ci_ring_close(ci_ring* r);
 
 /* ---- segment.c: raw-log segments ---- */
@@ -205,6 +219,7 @@ void ci_segment_init(ci_segment_writer* w, const char* dir, uint64_t max_bytes, 
 void ci_segment_append(ci_segment_writer* w, const ci_op_record* recs, size_t n, uint64_t now_ns);
 void ci_segment_tick(ci_segment_writer* w, uint64_t now_ns); /* seals a segment past its age */
 void ci_segment_close(ci_segment_writer* w);                 /* seals the open segment */
+void ci_segment_seal_now(ci_segment_writer* w);              /* seals the open segment if it holds records */
 
 /* ---- the process-wide runtime (plugin.c owns it) ---- */
 typedef struct __attribute__((aligned(CI_CACHELINE))) ci_shard {
@@ -213,6 +228,7 @@ typedef struct __attribute__((aligned(CI_CACHELINE))) ci_shard {
 
 typedef struct ci_runtime {
     ci_config cfg;
+    uint32_t generation;         /* distinguishes runtimes across unload/reload: per-thread caches check it */
     ci_pool pool;
     ci_shard shards[CI_SHARDS];
     /* read on every child/stop event, written at start only: kept off the writer's lines below */
@@ -231,6 +247,11 @@ typedef struct ci_runtime {
     uint64_t record_seq;
     uint64_t last_hang_scan_ns;
     ci_op_record batch[64];
+    /* GPU timer -> host clock: min of (host completion - gpu_end) over ops whose completion was read on
+       the host, over the current and the previous window (tracks drift, ignores completion lag) */
+    int64_t gpu_offset_cur, gpu_offset_prev;
+    int gpu_offset_cur_n, gpu_offset_prev_n;
+    uint64_t gpu_offset_window_ns;
     size_t batch_n;
     /* writer thread */
     pthread_t thread;
@@ -248,11 +269,14 @@ void ci_writer_stop(ci_runtime* rt);   /* joins the thread, drains, closes sinks
 void ci_writer_cycle_locked(ci_runtime* rt);
 void ci_writer_emit_locked(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op_record* copy);
 void ci_writer_flush_locked(ci_runtime* rt);
+void ci_writer_emit_ring_locked(ci_runtime* rt, const ci_op* op, uint8_t state); /* ring only, not the raw log */
 void ci_writer_finalize_comm(ci_runtime* rt, const ci_comm* comm);
 size_t ci_dtype_size(const char* dtype);
 
 /* hang.c */
 void ci_hang_scan_locked(ci_runtime* rt, uint64_t now_ns);
+/* Puts ops in flight longer than report_ns into the ring once each, as CI_STATE_INFLIGHT (not the raw log). */
+void ci_hang_report_inflight_locked(ci_runtime* rt, uint64_t report_ns);
 /* Writes every in-flight op of `comm` (all comms if NULL) as ABANDONED/ENQUEUED, frees them, writes evidence. */
 void ci_hang_abandon_locked(ci_runtime* rt, const ci_comm* comm);
 

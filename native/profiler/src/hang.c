@@ -9,7 +9,10 @@
  * lands here) every operation still in flight is taken out of the table
  * (by setting CI_REFS_DONE in refs: exactly one of it and the completing
  * thread wins), written as ABANDONED (ENQUEUED when no kernel channel ever started),
- * and listed in an evidence file. Runs under out_lock: no slot is freed
+ * and listed in an evidence file. When the agent sets inflight_report_ns in
+ * the ring header, the same scan puts each op in flight longer than that into
+ * the ring once (CI_STATE_INFLIGHT; the raw log is not touched), so the agent
+ * sees stuck operations at its own adaptive threshold, not the global one. Runs under out_lock: no slot is freed
  * meanwhile, so a slot read as INFLIGHT stays the same operation.
  * Evidence format: docs/formats/hang_detection.md.
  */
@@ -81,7 +84,9 @@ static void evidence_add(evidence* e, const ci_op_record* r, const ci_op* op, ui
             (unsigned long long)r->seq, (unsigned long long)r->count, (unsigned long long)r->bytes, r->peer,
             state_name(r->state), (unsigned long long)r->enqueue_start_ns, (unsigned long long)r->enqueue_end_ns,
             (unsigned long long)(now_ns > r->enqueue_start_ns ? now_ns - r->enqueue_start_ns : 0),
-            (unsigned long long)r->gpu_start_ns, (unsigned)((refs >> 32) & 0xffff), (unsigned)op->n_channels,
+            (unsigned long long)r->gpu_start_ns,
+            (unsigned)((refs >> 32) & 0xffff) + atomic_load_explicit(&op->kch_started, memory_order_relaxed),
+            (unsigned)op->n_channels,
             (unsigned)(refs & 0xffffffffu), (unsigned long long)r->record_seq);
     e->n++;
 }
@@ -116,6 +121,20 @@ void ci_hang_scan_locked(ci_runtime* rt, uint64_t now_ns) {
     evidence_close(&e);
 }
 
+void ci_hang_report_inflight_locked(ci_runtime* rt, uint64_t report_ns) {
+    uint64_t now_ticks = ci_ticks();
+    double limit_ticks = (double)report_ns / rt->clock.ns_per_tick;
+    for (uint32_t i = 0; i < rt->pool.size; i++) {
+        ci_op* op = &rt->pool.ops[i];
+        /* acquire: pairs with the release that published the slot as INFLIGHT */
+        if (atomic_load_explicit(&op->state, memory_order_acquire) != CI_SLOT_INFLIGHT || op->snapped) continue;
+        uint64_t t0 = atomic_load_explicit(&op->t_start, memory_order_relaxed);
+        if ((double)(int64_t)(now_ticks - t0) < limit_ticks) continue;
+        op->snapped = 1;
+        ci_writer_emit_ring_locked(rt, op, CI_STATE_INFLIGHT);
+    }
+}
+
 void ci_hang_abandon_locked(ci_runtime* rt, const ci_comm* comm) {
     uint64_t now_ns = ci_realtime_ns();
     evidence e = {0};
@@ -127,7 +146,8 @@ void ci_hang_abandon_locked(ci_runtime* rt, const ci_comm* comm) {
         uint64_t refs = atomic_fetch_or_explicit(&op->refs, CI_REFS_DONE, memory_order_acq_rel);
         if ((uint32_t)refs == 0 || (refs & CI_REFS_DONE)) continue;
         atomic_store_explicit(&op->state, CI_SLOT_DONE, memory_order_relaxed);
-        int enqueued_only = atomic_load_explicit(&op->t_stop, memory_order_relaxed) != 0 && (refs >> 32) == 0;
+        int enqueued_only = atomic_load_explicit(&op->t_stop, memory_order_relaxed) != 0 && (refs >> 32) == 0 &&
+                            atomic_load_explicit(&op->kch_started, memory_order_relaxed) == 0;
         ci_op_record rec;
         ci_writer_emit_locked(rt, op, enqueued_only ? CI_STATE_ENQUEUED : CI_STATE_ABANDONED, &rec);
         if (e.f == NULL && e.n == 0 && evidence_open(rt, &e, "finalize", now_ns) != 0) e.n = -1;

@@ -42,6 +42,23 @@ static _Atomic unsigned g_next_shard;
 static __thread int tls_shard = -1;
 static __thread int32_t tls_tid;
 
+/*
+ * Per-thread slot cache: a thread takes CI_TLS_SLOTS free slots with one CAS and uses them without any
+ * shared write, so allocation costs a locked operation once per batch, not once per operation. The cache
+ * belongs to one runtime (generation); a thread that exits gives its unused slots back (key destructor),
+ * so threads that come and go with communicators do not drain the pool.
+ */
+#define CI_TLS_SLOTS 16
+static __thread uint32_t tls_gen;
+static __thread uint32_t tls_n;
+static __thread uint32_t tls_slots[CI_TLS_SLOTS];
+static __thread uint32_t tls_registered; /* generation whose key holds this thread's destructor */
+/* created at runtime start and deleted at its stop (under g_init_lock), so no destructor of ours runs
+   after NCCL unloads the library */
+static pthread_key_t g_tls_key;
+static int g_tls_key_ok;
+static uint32_t g_generation;
+
 /* ---------------- event path ---------------- */
 
 static inline unsigned my_shard(void) {
@@ -60,12 +77,49 @@ static inline ci_op* as_op(const ci_runtime* rt, const void* p) {
     return (ci_op*)p;
 }
 
+static void tls_give_back(void* unused) {
+    (void)unused;
+    pthread_mutex_lock(&g_init_lock);
+    if (ci_rt != NULL && tls_gen == ci_rt->generation)
+        for (uint32_t i = 0; i < tls_n; i++) ci_pool_give_back(&ci_rt->pool, tls_slots[i]);
+    tls_n = 0;
+    pthread_mutex_unlock(&g_init_lock);
+}
+
+
+/* Refills this thread's cache; returns a slot, or NULL when the pool is empty. Off the common path. */
+static __attribute__((noinline)) ci_op* slot_refill(ci_runtime* rt, unsigned shard) {
+    if (tls_gen != rt->generation) {
+        tls_n = 0; /* slots of an earlier runtime's pool: that pool is gone */
+        tls_gen = rt->generation;
+    }
+    if (tls_registered != rt->generation) {
+        tls_registered = rt->generation;
+        if (g_tls_key_ok) pthread_setspecific(g_tls_key, &tls_registered);
+    }
+    uint32_t got[CI_TLS_SLOTS];
+    uint32_t n = ci_pool_alloc_batch(&rt->pool, shard, got, CI_TLS_SLOTS);
+    if (n == 0) return NULL;
+    /* the cache pops from its end: store reversed so slots are used in the order the stack gave them */
+    for (uint32_t i = 1; i < n; i++) tls_slots[n - 1 - i] = got[i];
+    tls_n = n - 1;
+    return &rt->pool.ops[got[0]];
+}
+
+static inline ci_op* slot_take(ci_runtime* rt, unsigned shard) {
+    if (__builtin_expect(tls_n == 0 || tls_gen != rt->generation, 0)) return slot_refill(rt, shard);
+    ci_op* op = &rt->pool.ops[tls_slots[--tls_n]];
+    /* the slot after this one comes back from the writer's cache while this operation runs */
+    if (tls_n != 0) ci_pool_prefetch(&rt->pool, tls_slots[tls_n - 1]);
+    return op;
+}
+
 static inline void* op_start(ci_comm* comm, const void* parent, uint8_t kind, uint64_t seq, const char* func,
                              uint64_t count, int32_t peer, const char* dtype, uint8_t nch, const char* algo,
                              const char* proto) {
     ci_runtime* rt = ci_rt;
     unsigned shard = my_shard();
-    ci_op* op = ci_pool_alloc(&rt->pool, shard);
+    ci_op* op = slot_take(rt, shard);
     if (__builtin_expect(op == NULL, 0)) {
         atomic_fetch_add_explicit(&rt->shards[shard].lost, 1, memory_order_relaxed);
         return NULL;
@@ -74,6 +128,7 @@ static inline void* op_start(ci_comm* comm, const void* parent, uint8_t kind, ui
     atomic_store_explicit(&op->t_stop, 0, memory_order_relaxed);
     /* open parts: the op itself (until stopEvent) and each announced kernel channel (until its stop) */
     atomic_store_explicit(&op->refs, 1u + nch, memory_order_relaxed);
+    atomic_store_explicit(&op->kch_started, 0, memory_order_relaxed);
     atomic_store_explicit(&op->gpu_start, UINT64_MAX, memory_order_relaxed);
     atomic_store_explicit(&op->gpu_end, 0, memory_order_relaxed);
     op->comm = comm;
@@ -84,6 +139,7 @@ static inline void* op_start(ci_comm* comm, const void* parent, uint8_t kind, ui
     op->n_channels = nch;
     op->tid = tls_tid;
     op->reported = 0;
+    op->snapped = 0;
     uintptr_t pv = (uintptr_t)parent;
     if ((pv & API_MASK) == API_TAG) {
         op->stream = pv & ~API_MASK;
@@ -101,33 +157,60 @@ static inline void* op_start(ci_comm* comm, const void* parent, uint8_t kind, ui
     return op;
 }
 
-static inline void op_complete(ci_op* op) {
+/*
+ * Completion time without a host clock read where the GPU already said when the op ended: one GPU-timed
+ * completion in CI_GPU_SAMPLE per thread reads the host clock, which gives the writer the GPU -> host
+ * offset; the others are marked CI_FLAG_COMPLETE_FROM_GPU and converted by the writer. When the
+ * enqueue's stopEvent closes the op, its own stop tick is the completion time.
+ */
+#define CI_GPU_SAMPLE 16
+static __thread uint32_t tls_gpu_completions;
+
+static inline void op_complete(ci_op* op, uint64_t closing_tick) {
     atomic_store_explicit(&op->state, CI_SLOT_DONE, memory_order_relaxed);
-    op->t_complete = ci_ticks();
+    if (closing_tick != 0) {
+        op->t_complete = closing_tick;
+    } else if (atomic_load_explicit(&op->gpu_end, memory_order_relaxed) != 0 &&
+               tls_gpu_completions++ % CI_GPU_SAMPLE != 0) {
+        op->t_complete = 0;
+        op->flags |= CI_FLAG_COMPLETE_FROM_GPU;
+    } else {
+        op->t_complete = ci_ticks();
+    }
     /* cannot fail: a completion list is intrusive (the slot's own link), so it can never be full */
     ci_pool_complete(&ci_rt->pool, my_shard(), op);
 }
 
-static inline void op_release(ci_op* op) {
+/* `closing_tick`: the tick the caller just read for this event (the enqueue's stop), 0 for a child. */
+static inline void op_release(ci_op* op, uint64_t closing_tick) {
     /* acq_rel: the last part to close sees every other part's writes (t_stop, GPU times). Closing the
        last part decides completion on its own: exactly one thread sees the count reach zero, and
        CI_REFS_DONE (set by finalize when it abandons the op first) vetoes it */
     uint64_t old = atomic_fetch_sub_explicit(&op->refs, 1, memory_order_acq_rel);
-    if ((uint32_t)old == 1 && !(old & CI_REFS_DONE)) op_complete(op);
+    if ((uint32_t)old == 1 && !(old & CI_REFS_DONE)) op_complete(op, closing_tick);
 }
 
 static inline void* child_start(const void* parent, uintptr_t tag, uint64_t ptimer) {
     ci_op* op = as_op(ci_rt, parent);
     if (op == NULL || atomic_load_explicit(&op->state, memory_order_acquire) != CI_SLOT_INFLIGHT) return NULL;
+    if (tag == TAG_KCH) {
+        uint16_t k = atomic_load_explicit(&op->kch_started, memory_order_relaxed);
+        if (k < op->n_channels) {
+            /* an announced channel: op start reserved its open part, so the op cannot complete before this
+               child stops and nothing shared needs a locked update */
+            atomic_store_explicit(&op->kch_started, (uint16_t)(k + 1), memory_order_relaxed);
+            goto started;
+        }
+    }
     uint64_t old = atomic_load_explicit(&op->refs, memory_order_relaxed), add;
     do {
         /* completed or abandoned already (a child NCCL did not announce, arriving late): ignore it */
         if ((uint32_t)old == 0 || (old & CI_REFS_DONE)) return NULL;
-        /* the op start reserved one open part per announced channel; only extra children add one */
-        uint64_t kch = (old >> 32) & 0xffff;
-        add = tag == TAG_KCH ? CI_REFS_KCH + (kch >= op->n_channels ? 1 : 0) : CI_REFS_PROXY + 1;
+        /* a child nothing reserved a part for: it adds one */
+        add = (tag == TAG_KCH ? CI_REFS_KCH : CI_REFS_PROXY) + 1;
     } while (!atomic_compare_exchange_weak_explicit(&op->refs, &old, old + add, memory_order_acq_rel,
                                                     memory_order_relaxed));
+started:
     /* min without a locked CAS: one proxy thread reports an op's channels; if two ever raced, the value
        kept is still a real channel's start, and nothing else depends on it */
     if (tag == TAG_KCH && ptimer != 0 && ptimer < atomic_load_explicit(&op->gpu_start, memory_order_relaxed))
@@ -145,8 +228,12 @@ static ncclResult_t ci_stop(void* handle) {
     if (v == 0 || (v & API_MASK) == API_TAG || ci_rt == NULL) return 0;
     ci_op* op = as_op(ci_rt, (void*)(v & ~TAG_MASK));
     if (op == NULL) return 0;
-    if ((v & TAG_MASK) == 0) atomic_store_explicit(&op->t_stop, ci_ticks(), memory_order_relaxed);
-    op_release(op);
+    uint64_t t = 0;
+    if ((v & TAG_MASK) == 0) {
+        t = ci_ticks();
+        atomic_store_explicit(&op->t_stop, t, memory_order_relaxed);
+    }
+    op_release(op, t);
     return 0;
 }
 
@@ -213,6 +300,8 @@ static int runtime_start(void) {
     memset(rt, 0, sizeof(*rt));
     ci_config_load(&rt->cfg);
     if (ci_pool_init(&rt->pool, rt->cfg.pool_size) != 0) goto fail;
+    rt->generation = ++g_generation; /* under g_init_lock */
+    g_tls_key_ok = pthread_key_create(&g_tls_key, tls_give_back) == 0;
     rt->pool_base = (uintptr_t)rt->pool.ops;
     rt->pool_bytes = (uintptr_t)rt->pool.size * sizeof(ci_op);
     rt->pid = (int32_t)getpid();
@@ -255,6 +344,8 @@ static void runtime_stop(void) {
     ci_runtime* rt = ci_rt;
     if (rt == NULL) return;
     ci_writer_stop(rt);
+    if (g_tls_key_ok) pthread_key_delete(g_tls_key); /* threads' cached slots die with the pool below */
+    g_tls_key_ok = 0;
     ci_rt = NULL;
     ci_pool_free(&rt->pool);
     pthread_mutex_destroy(&rt->out_lock);

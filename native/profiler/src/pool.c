@@ -49,29 +49,6 @@ static void stack_push(ci_pool* p, ci_shard_lists* s, uint32_t idx) {
                                                     memory_order_relaxed));
 }
 
-/* Returns a slot index, or -1 when the stack is empty. */
-static int64_t stack_pop(ci_pool* p, ci_shard_lists* s) {
-    /* acquire: pairs with the push's release, so the link read below is the pushed one */
-    uint64_t old = atomic_load_explicit(&s->free_head, memory_order_acquire), next;
-    uint32_t link;
-    do {
-        uint32_t top = (uint32_t)old;
-        if (top == 0) return -1;
-        /* may be stale if another thread pops first: the tag then makes the CAS fail */
-        link = atomic_load_explicit(&p->ops[top - 1].link, memory_order_relaxed);
-        next = (((old >> 32) + 1) << 32) | link;
-    } while (!atomic_compare_exchange_weak_explicit(&s->free_head, &old, next, memory_order_acquire,
-                                                    memory_order_acquire));
-    if (link != 0) {
-        /* the slot this thread most likely takes next: the three lines the event path writes */
-        const char* n = (const char*)&p->ops[link - 1];
-        prefetch_for_write(n);
-        prefetch_for_write(n + CI_CACHELINE);
-        prefetch_for_write(n + 2 * CI_CACHELINE);
-    }
-    return (int64_t)(uint32_t)old - 1;
-}
-
 int ci_pool_init(ci_pool* p, uint32_t size) {
     memset(p, 0, sizeof(*p));
     if (size < CI_SHARDS) size = CI_SHARDS;
@@ -100,12 +77,43 @@ void ci_pool_free(ci_pool* p) {
     p->ops = NULL;
 }
 
-ci_op* ci_pool_alloc(ci_pool* p, unsigned shard) {
+/* Pops up to `max` slots of one stack with one CAS; returns how many (0 when the stack is empty). */
+static uint32_t stack_pop_chain(ci_pool* p, ci_shard_lists* s, uint32_t* out, uint32_t max) {
+    /* acquire: pairs with the pushes' release, so the links walked below are the pushed ones */
+    uint64_t old = atomic_load_explicit(&s->free_head, memory_order_acquire), next;
+    uint32_t n;
+    do {
+        n = 0;
+        uint32_t top = (uint32_t)old;
+        /* the walk may read stale links if another thread pops first: the tag then fails the CAS */
+        while (top != 0 && n < max) {
+            out[n++] = top - 1;
+            top = atomic_load_explicit(&p->ops[top - 1].link, memory_order_relaxed);
+        }
+        if (n == 0) return 0;
+        next = (((old >> 32) + 1) << 32) | top;
+    } while (!atomic_compare_exchange_weak_explicit(&s->free_head, &old, next, memory_order_acquire,
+                                                    memory_order_acquire));
+    return n;
+}
+
+uint32_t ci_pool_alloc_batch(ci_pool* p, unsigned shard, uint32_t* out, uint32_t max) {
     for (unsigned k = 0; k < CI_SHARDS; k++) {
-        int64_t idx = stack_pop(p, &p->lists[(shard + k) % CI_SHARDS]);
-        if (idx >= 0) return &p->ops[idx];
+        uint32_t n = stack_pop_chain(p, &p->lists[(shard + k) % CI_SHARDS], out, max);
+        if (n != 0) return n;
     }
-    return NULL;
+    return 0;
+}
+
+void ci_pool_give_back(ci_pool* p, uint32_t idx) {
+    stack_push(p, &p->lists[idx / p->per_shard], idx);
+}
+
+void ci_pool_prefetch(const ci_pool* p, uint32_t idx) {
+    const char* n = (const char*)&p->ops[idx];
+    prefetch_for_write(n);
+    prefetch_for_write(n + CI_CACHELINE);
+    prefetch_for_write(n + 2 * CI_CACHELINE);
 }
 
 void ci_pool_complete(ci_pool* p, unsigned shard, ci_op* op) {

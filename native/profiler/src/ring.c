@@ -78,6 +78,22 @@ void ci_ring_set_lost(ci_ring* r, uint64_t lost) {
     if (r->hdr != NULL) __atomic_store_n(&r->hdr->lost, lost, __ATOMIC_RELAXED);
 }
 
+uint64_t ci_ring_seal_requested(const ci_ring* r) {
+    if (r->hdr == NULL) return 0;
+    /* relaxed: a plain request counter; nothing else is published with it */
+    uint64_t want = __atomic_load_n(&r->hdr->seal_request, __ATOMIC_RELAXED);
+    return want != r->hdr->seal_done ? want : 0;
+}
+
+void ci_ring_seal_done(ci_ring* r, uint64_t request) {
+    /* release: the segment's rename happened before the consumer sees the acknowledgement */
+    if (r->hdr != NULL) __atomic_store_n(&r->hdr->seal_done, request, __ATOMIC_RELEASE);
+}
+
+uint64_t ci_ring_inflight_report_ns(const ci_ring* r) {
+    return r->hdr == NULL ? 0 : __atomic_load_n(&r->hdr->inflight_report_ns, __ATOMIC_RELAXED);
+}
+
 void ci_ring_close(ci_ring* r) {
     if (r->hdr == NULL) return;
     ci_ring_header* h = r->hdr;

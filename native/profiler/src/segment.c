@@ -99,3 +99,7 @@ void ci_segment_tick(ci_segment_writer* w, uint64_t now_ns) {
 }
 
 void ci_segment_close(ci_segment_writer* w) { seal(w); }
+
+void ci_segment_seal_now(ci_segment_writer* w) {
+    if (w->fd >= 0 && w->off > CI_LOG_HEADER_SIZE) seal(w);
+}

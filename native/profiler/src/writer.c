@@ -38,11 +38,47 @@ static uint32_t fnv_words(const ci_op_record* r) {
     return h;
 }
 
+#define CI_GPU_OFFSET_WINDOW_NS 5000000000ull
+
+/* One (host completion - GPU end) sample from an op whose completion was read on the host. */
+static void gpu_offset_sample(ci_runtime* rt, const ci_op* op) {
+    uint64_t ge = atomic_load_explicit(&op->gpu_end, memory_order_relaxed);
+    if (ge == 0 || op->t_complete == 0 || (op->flags & CI_FLAG_COMPLETE_FROM_GPU)) return;
+    int64_t d = (int64_t)(ci_clock_to_ns(&rt->clock, op->t_complete) - ge);
+    if (rt->gpu_offset_cur_n++ == 0 || d < rt->gpu_offset_cur) rt->gpu_offset_cur = d;
+}
+
+/* Rotates the offset windows: the estimate is the min over the current and the previous one. */
+static void gpu_offset_rotate(ci_runtime* rt, uint64_t now_ns) {
+    if (now_ns - rt->gpu_offset_window_ns < CI_GPU_OFFSET_WINDOW_NS || rt->gpu_offset_cur_n == 0) return;
+    rt->gpu_offset_prev = rt->gpu_offset_cur;
+    rt->gpu_offset_prev_n = rt->gpu_offset_cur_n;
+    rt->gpu_offset_cur_n = 0;
+    rt->gpu_offset_window_ns = now_ns;
+}
+
+static uint64_t complete_ns(ci_runtime* rt, const ci_op* op, ci_op_record* r) {
+    if (!(op->flags & CI_FLAG_COMPLETE_FROM_GPU)) return ci_clock_to_ns(&rt->clock, op->t_complete);
+    int64_t off;
+    if (rt->gpu_offset_cur_n && rt->gpu_offset_prev_n)
+        off = rt->gpu_offset_cur < rt->gpu_offset_prev ? rt->gpu_offset_cur : rt->gpu_offset_prev;
+    else if (rt->gpu_offset_cur_n || rt->gpu_offset_prev_n)
+        off = rt->gpu_offset_cur_n ? rt->gpu_offset_cur : rt->gpu_offset_prev;
+    else {
+        /* no host-read sample yet (cannot happen for a thread's first GPU-timed op): the writer's now */
+        r->flags &= (uint8_t)~CI_FLAG_COMPLETE_FROM_GPU;
+        return ci_realtime_ns();
+    }
+    uint64_t t = (uint64_t)((int64_t)r->gpu_end_ns + off);
+    /* an op never completes before its enqueue ended */
+    return t < r->enqueue_end_ns ? r->enqueue_end_ns : t;
+}
+
 static void fill_record(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op_record* r) {
     memset(r, 0, sizeof(*r));
     const ci_comm* c = op->comm;
     uint64_t refs = atomic_load_explicit(&op->refs, memory_order_acquire);
-    uint32_t kch = (uint32_t)((refs >> 32) & 0xffff);
+    uint32_t kch = (uint32_t)((refs >> 32) & 0xffff) + atomic_load_explicit(&op->kch_started, memory_order_relaxed);
     r->magic = CI_RECORD_MAGIC;
     r->kind = op->kind;
     r->state = state;
@@ -65,19 +101,20 @@ static void fill_record(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op_re
     r->stream = op->stream;
     r->enqueue_start_ns = ci_clock_to_ns(&rt->clock, atomic_load_explicit(&op->t_start, memory_order_relaxed));
     r->enqueue_end_ns = ci_clock_to_ns(&rt->clock, atomic_load_explicit(&op->t_stop, memory_order_relaxed));
-    r->complete_ns = state == CI_STATE_COMPLETED ? ci_clock_to_ns(&rt->clock, op->t_complete) : 0;
     uint64_t gs = atomic_load_explicit(&op->gpu_start, memory_order_relaxed);
     uint64_t ge = atomic_load_explicit(&op->gpu_end, memory_order_relaxed);
     r->gpu_start_ns = gs == UINT64_MAX ? 0 : gs;
     r->gpu_end_ns = ge;
+    r->complete_ns = state == CI_STATE_COMPLETED ? complete_ns(rt, op, r) : 0;
     if (r->gpu_start_ns != 0 && r->gpu_end_ns != 0) r->flags |= CI_FLAG_GPU_TIMES;
     r->record_seq = rt->record_seq++;
-    memcpy(r->func, op->func, sizeof(r->func));
-    memcpy(r->dtype, op->dtype, sizeof(r->dtype));
-    memcpy(r->algo, op->algo, sizeof(r->algo));
-    memcpy(r->proto, op->proto, sizeof(r->proto));
-    memcpy(r->comm_name, c->name, sizeof(r->comm_name));
-    r->comm_name[sizeof(r->comm_name) - 1] = '\0';
+    /* up to the NUL only: the slot's arrays keep bytes of earlier operations past it, and the record
+       (memset above) must carry zeros there so equal operations give equal bytes */
+    ci_copy_str(r->func, sizeof(r->func), op->func);
+    ci_copy_str(r->dtype, sizeof(r->dtype), op->dtype);
+    ci_copy_str(r->algo, sizeof(r->algo), op->algo);
+    ci_copy_str(r->proto, sizeof(r->proto), op->proto);
+    ci_copy_str(r->comm_name, sizeof(r->comm_name), c->name);
     r->checksum = fnv_words(r);
 }
 
@@ -93,6 +130,12 @@ void ci_writer_flush_locked(ci_runtime* rt) {
     rt->batch_n = 0;
 }
 
+void ci_writer_emit_ring_locked(ci_runtime* rt, const ci_op* op, uint8_t state) {
+    ci_op_record r;
+    fill_record(rt, op, state, &r);
+    if (rt->ring_ok) ci_ring_push(&rt->ring, &r);
+}
+
 void ci_writer_emit_locked(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op_record* copy) {
     ci_op_record* r = &rt->batch[rt->batch_n];
     fill_record(rt, op, state, r);
@@ -102,8 +145,19 @@ void ci_writer_emit_locked(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op
 }
 
 static void drain_locked(ci_runtime* rt) {
+    ci_op* done[CI_SHARDS];
+    /* first pass: the GPU -> host offset samples of everything completed, before any op is converted */
     for (unsigned s = 0; s < CI_SHARDS; s++) {
-        ci_op* op = ci_pool_take_done(&rt->pool, s);
+        done[s] = ci_pool_take_done(&rt->pool, s);
+        for (ci_op* op = done[s]; op != NULL;) {
+            gpu_offset_sample(rt, op);
+            uint32_t next = atomic_load_explicit(&op->link, memory_order_relaxed);
+            op = next != 0 ? &rt->pool.ops[next - 1] : NULL;
+        }
+    }
+    gpu_offset_rotate(rt, ci_realtime_ns());
+    for (unsigned s = 0; s < CI_SHARDS; s++) {
+        ci_op* op = done[s];
         while (op != NULL) {
             /* read the link before the release below reuses it for the free chain */
             uint32_t next = atomic_load_explicit(&op->link, memory_order_relaxed);
@@ -122,9 +176,17 @@ void ci_writer_cycle_locked(ci_runtime* rt) {
     uint64_t now = ci_realtime_ns();
     if (rt->cfg.log_enable) ci_segment_tick(&rt->seg, now);
     if (rt->ring_ok) ci_ring_set_lost(&rt->ring, total_lost(rt));
-    if (rt->cfg.hang_timeout_s > 0 && now - rt->last_hang_scan_ns > 1000000000ull) {
+    uint64_t report_ns = rt->ring_ok ? ci_ring_inflight_report_ns(&rt->ring) : 0;
+    if ((rt->cfg.hang_timeout_s > 0 || report_ns > 0) && now - rt->last_hang_scan_ns > 1000000000ull) {
         rt->last_hang_scan_ns = now;
-        ci_hang_scan_locked(rt, now);
+        if (rt->cfg.hang_timeout_s > 0) ci_hang_scan_locked(rt, now);
+        if (report_ns > 0) ci_hang_report_inflight_locked(rt, report_ns);
+    }
+    /* the agent asks for a seal at each archive interval, so a running job's archive is never older */
+    uint64_t seal = rt->ring_ok ? ci_ring_seal_requested(&rt->ring) : 0;
+    if (seal != 0) {
+        if (rt->cfg.log_enable) ci_segment_seal_now(&rt->seg);
+        ci_ring_seal_done(&rt->ring, seal);
     }
 }
 

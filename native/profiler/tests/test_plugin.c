@@ -58,6 +58,7 @@ static uint32_t fnv(const ci_op_record* r) {
 typedef struct tally {
     long valid, invalid, by_state[5], segments, bad_headers;
     long null_names, p2p, coll, gpu_times;
+    long from_gpu, complete_out_of_order; /* completion times derived from the GPU timer; before enqueue end or > 1 s after */
     uint64_t max_seq;
 } tally;
 
@@ -95,6 +96,10 @@ static tally read_logs(void) {
             if (r.kind == CI_KIND_P2P) t.p2p++;
             if (r.kind == CI_KIND_COLL) t.coll++;
             if (r.flags & CI_FLAG_GPU_TIMES) t.gpu_times++;
+            if (r.flags & CI_FLAG_COMPLETE_FROM_GPU) t.from_gpu++;
+            if (r.state == CI_STATE_COMPLETED &&
+                (r.complete_ns < r.enqueue_end_ns || r.complete_ns > r.enqueue_end_ns + 1000000000ull))
+                t.complete_out_of_order++;
             if (r.seq > t.max_seq) t.max_seq = r.seq;
         }
         fclose(f);
@@ -391,6 +396,41 @@ static void test_hang_timeout_writes_evidence(void) {
     printf("ok   hang timeout snapshot and evidence\n");
 }
 
+/* The agent's requests in the ring header: a segment seal on demand, in-flight ops at the agent's threshold. */
+static void test_agent_requests_seal_and_inflight_reports(void) {
+    fresh_home("requests");
+    void* ctx = init5("req", 2, 0);
+    coll_op(ctx, 1, 1, 1);
+    ci_op* stuck = coll_op(ctx, 2, 1, 0);
+    pthread_mutex_lock(&ci_rt->out_lock);
+    ci_ring_header* h = ci_rt->ring.hdr;
+    __atomic_store_n(&h->seal_request, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->inflight_report_ns, 500000000ull, __ATOMIC_RELAXED); /* 0.5 s */
+    double per_s = 1e9 / ci_rt->clock.ns_per_tick;
+    atomic_store(&stuck->t_start, ci_ticks() - (uint64_t)(2 * per_s)); /* in flight for 2 s */
+    pthread_mutex_unlock(&ci_rt->out_lock);
+    uint64_t done = 0;
+    for (int i = 0; i < 100 && done != 1; i++) { /* the writer honours requests each cycle: wait up to 10 s */
+        usleep(100000);
+        done = __atomic_load_n(&h->seal_done, __ATOMIC_ACQUIRE);
+    }
+    CHECK(done == 1, "seal request acknowledged (%llu)", (unsigned long long)done);
+    CHECK(count_files("inspector_logs", ".sealed") == 1, "the open segment was sealed on request");
+    int inflight = 0;
+    for (int i = 0; i < 30 && inflight == 0; i++) {
+        usleep(100000);
+        uint64_t head = __atomic_load_n(&h->head, __ATOMIC_ACQUIRE);
+        for (uint64_t k = 0; k < head; k++)
+            if (ci_rt->ring.slots[k & (h->capacity - 1)].state == CI_STATE_INFLIGHT) inflight++;
+    }
+    CHECK(inflight == 1, "one INFLIGHT snapshot in the ring (%d)", inflight);
+    ncclProfiler_v5.finalize(ctx);
+    tally t = read_logs();
+    CHECK(t.valid == 2 && t.by_state[CI_STATE_COMPLETED] == 1 && t.by_state[CI_STATE_ENQUEUED] == 1,
+          "the raw log holds no INFLIGHT snapshot (%ld records)", t.valid);
+    printf("ok   agent requests: seal on demand, in-flight snapshots into the ring only\n");
+}
+
 /* Regression: the scan reads its clock once; an op started later (on another core) must not look ancient. */
 static void test_hang_scan_ages_are_signed(void) {
     fresh_home("scanage");
@@ -443,6 +483,51 @@ static void test_pool_exhaustion_drops_without_blocking(void) {
     printf("ok   empty pool drops and counts\n");
 }
 
+static void* two_ops(void* ctx) {
+    for (int i = 0; i < 2; i++)
+        if (coll_op(ctx, (uint64_t)i, 1, 1) == NULL) return (void*)1;
+    return NULL;
+}
+
+static void test_threads_that_come_and_go_do_not_drain_the_pool(void) {
+    /* each thread caches slots; one that exits must give the unused ones back, or a few threads that
+       come and go with communicators would empty a small pool long before the writer frees anything */
+    fresh_home("threads");
+    setenv("COMMINSIGHT_POOL_SIZE", "64", 1);
+    void* ctx = init5("threads", 2, 0);
+    int dropped = 0;
+    /* 64 slots are 4 per shard, so a thread caches up to 4 and leaves 2 unused: 40 threads strand 80 */
+    for (int i = 0; i < 40; i++) {
+        pthread_t th;
+        void* ret = NULL;
+        pthread_create(&th, NULL, two_ops, ctx);
+        pthread_join(th, &ret);
+        dropped += ret != NULL;
+        /* one writer cycle here, as the writer thread would do: on a busy machine that thread may not
+           have run yet, and the test is about stranded cached slots, not about writer lag */
+        pthread_mutex_lock(&ci_rt->out_lock);
+        ci_writer_cycle_locked(ci_rt);
+        pthread_mutex_unlock(&ci_rt->out_lock);
+    }
+    ncclProfiler_v5.finalize(ctx);
+    unsetenv("COMMINSIGHT_POOL_SIZE");
+    tally t = read_logs();
+    CHECK(dropped == 0 && t.valid == 80, "threads that dropped %d, records %ld", dropped, t.valid);
+    printf("ok   threads that come and go give their cached slots back\n");
+}
+
+static void test_completion_times_from_the_gpu_timer_follow_the_host_clock(void) {
+    fresh_home("gputime");
+    void* ctx = init5("gputime", 2, 0);
+    for (int i = 0; i < 64; i++) coll_op(ctx, (uint64_t)i, 1, 1);
+    ncclProfiler_v5.finalize(ctx);
+    tally t = read_logs();
+    /* one completion in 16 is read on the host (the offset sample), the rest derive from gpu_end */
+    CHECK(t.valid == 64 && t.from_gpu == 60 && t.complete_out_of_order == 0, "records %ld from gpu %ld out of order %ld",
+          t.valid, t.from_gpu, t.complete_out_of_order);
+    printf("ok   completion times derived from the GPU timer lie on the host clock\n");
+}
+
 static void test_unwritable_home_degrades(void) {
     fresh_home("unwritable");
     setenv("COMMINSIGHT_HOME", "/proc/comminsight-nowhere", 1);
@@ -490,8 +575,11 @@ int main(void) {
     test_inflight_at_finalize_is_abandoned();
     test_hang_timeout_writes_evidence();
     test_hang_scan_ages_are_signed();
+    test_agent_requests_seal_and_inflight_reports();
     test_late_unannounced_child_is_ignored();
     test_pool_exhaustion_drops_without_blocking();
+    test_threads_that_come_and_go_do_not_drain_the_pool();
+    test_completion_times_from_the_gpu_timer_follow_the_host_clock();
     test_unwritable_home_degrades();
     test_p2p_sequence_per_peer();
     char cmd[128];

@@ -99,6 +99,10 @@ class Command(BaseCommand):
         if settings.SERVER_AGENT_LISTEN:
             endpoints.append(daphne_endpoint(settings.SERVER_AGENT_LISTEN))
         self.stdout.write(f"serving on {', '.join(endpoints)} (data in {settings.DATA_DIR})")
+        self.stdout.write(
+            f"Open http://{listen}/ in a browser. Nothing to look at yet? The empty workload list offers "
+            "'Run a demo job' (or run `manage.py demo` in another shell)."
+        )
         if options["prepare_only"]:
             return
         if settings.CELERY_TASK_ALWAYS_EAGER:

@@ -1,0 +1,330 @@
+"""Live steps: the semantic engine fed by every record the agent consumes, per GPU (writer process).
+
+Every completed Coll/P2P record goes, as one engine event, to the chunked ``StepEngine``
+(comminsight.semantic). Once a step is final (``window`` later steps opened on that GPU), its
+summary is appended as one JSON line to ``<home>/semantics/step/<host>-<pid>.jsonl``
+(format: docs/formats/steps.md). The engine state, each file's committed size and, per writer,
+the highest ``record_seq`` fed are checkpointed to ``<home>/semantics/step/checkpoint.json`` just
+before the agent's ingest checkpoint: a restarted agent truncates each file to its checkpointed
+size, resumes the engine, and skips records it already fed, so no step is lost or written twice.
+
+Engine keys are writer pids (one process drives one GPU); the global rank (segment header
+``RANK``) is attached when a summary is written. Roles are fixed per communicator the first time it
+is seen (its name, else its shape), so signatures stay the same across chunks and restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import polars as pl
+
+from comminsight.agent.ingest import atomic_write_json
+from comminsight.formats import header
+from comminsight.importers.normalise import op_name
+from comminsight.semantic import CheckpointError, StepEngine
+from comminsight.semantic.roles import OP_CODE, ROLE_CODE, ROLES, infer_roles, signatures
+
+log = logging.getLogger("comminsight.agent.steps")
+CHECKPOINT_VERSION = 1
+LIVE_WARMUP = 512  # events per GPU before the engine picks a method (the offline default is 4096)
+RECENT_PER_RANK = 64
+RECENT_KEPT = 4  # summaries of one block kept for /api/v1/steps (a block can hold many steps)
+_PID_SHIFT = 40  # engine row = pid << 40 | bytes: the engine echoes rows back with their step ids
+_BYTES_MASK = (1 << _PID_SHIFT) - 1
+
+
+def _string_key(column: np.ndarray) -> np.ndarray:
+    """A uint64 per fixed-width name (its first 16 bytes mixed), so names are told apart without Python."""
+    raw = np.ascontiguousarray(column).view(np.uint8).reshape(len(column), -1)[:, :16]
+    words = np.ascontiguousarray(raw).view("<u8")
+    return words[:, 0] * np.uint64(1000003) ^ words[:, 1]
+
+
+def _text(values: np.ndarray) -> list[str]:
+    return [bytes(v).split(b"\0", 1)[0].decode("utf-8", "replace") for v in values]
+
+
+class LiveSteps:
+    """Owned by the agent's loop (feed, checkpoint, archive); HTTP handlers read ``latest``/``recent``."""
+
+    def __init__(self, steps_dir: Path, host: str, pid_rank: Callable[[], dict[int, int]]) -> None:
+        self.dir = steps_dir
+        self.host = host
+        self._pid_rank = pid_rank  # LiveState's pid -> global rank (from segment headers)
+        self.checkpoint_path = steps_dir / "checkpoint.json"
+        self.lock = threading.Lock()
+        self.engine = StepEngine(warmup=LIVE_WARMUP)
+        self.roles: dict[int, int] = {}  # comm_hash -> role code, fixed at first sight
+        self.fed_seq: dict[str, int] = {}  # writer -> highest record_seq fed
+        self.sizes: dict[str, int] = {}  # summary file -> bytes committed by this agent
+        self.archived: dict[str, int] = {}  # summary file -> bytes already put into an archive
+        self.bytes_acc: dict[tuple[int, int], int] = {}  # (pid, step) -> bytes of its operations so far
+        self.latest: dict[int, dict[str, Any]] = {}  # global rank -> latest final step
+        self.recent: dict[int, deque[dict[str, Any]]] = {}
+        self.steps_total: dict[int, int] = {}
+        self.new_since_report = False
+        self._fingerprint = ""
+
+    @property
+    def pid_rank(self) -> dict[int, int]:
+        return self._pid_rank()
+
+    # ---- feeding ---------------------------------------------------------------------------------
+    def feed(self, writer: str, records: Any) -> int:
+        """Feed a batch of verified records of one writer; returns the step summaries written."""
+        consts = header.constants()
+        if len(records) == 0:
+            return 0
+        seq = records["record_seq"].astype(np.int64)
+        keep = (seq > self.fed_seq.get(writer, -1)) & (records["state"] == consts["CI_STATE_COMPLETED"])
+        if not keep.any():
+            self.fed_seq[writer] = max(self.fed_seq.get(writer, -1), int(seq.max()))
+            return 0
+        recs = records[keep] if not keep.all() else records
+        comm = recs["comm_hash"]
+        comm_values, comm_codes = np.unique(comm, return_inverse=True)  # few communicators per batch
+        if any(int(c) not in self.roles for c in comm_values.tolist()):
+            self._learn_roles(recs)
+        role = np.array([self.roles[int(c)] for c in comm_values.tolist()], np.int64)[comm_codes]
+        func_key = _string_key(recs["func"])
+        _, first, func_codes = np.unique(func_key, return_index=True, return_inverse=True)
+        names = _text(recs["func"][first])
+        op_codes = np.array([OP_CODE.get(op_name(f), OP_CODE["other"]) for f in names], np.int64)[func_codes]
+        nbytes = recs["bytes"].astype(np.int64)
+        gpu = (recs["flags"] & consts["CI_FLAG_GPU_TIMES"]) != 0
+        start = np.where(gpu, recs["gpu_start_ns"], recs["enqueue_end_ns"]).astype(np.int64)
+        end = np.where(gpu, recs["gpu_end_ns"], recs["complete_ns"]).astype(np.int64)
+        pid = recs["pid"].astype(np.int64)
+        if pid[0] == pid[-1] and np.all(pid == pid[0]):  # one writer per batch, as rings and segments give
+            order = None if np.all(start[1:] >= start[:-1]) else np.argsort(start, kind="stable")
+        else:
+            order = np.lexsort((start, pid))
+        chunk = {
+            "rank": pid,
+            "row": (pid << _PID_SHIFT) | np.minimum(np.maximum(nbytes, 0), _BYTES_MASK),
+            "sig": signatures(role, op_codes, nbytes),
+            "role": role,
+            "start_ns": start,
+            "end_ns": np.maximum(end, start),
+        }
+        if order is not None:
+            chunk = {k: v[order] for k, v in chunk.items()}
+        out = self.engine.feed(chunk)
+        written = self._emit(out)
+        self.fed_seq[writer] = max(self.fed_seq.get(writer, -1), int(seq.max()))
+        return written
+
+    def _learn_roles(self, recs: Any) -> None:
+        comms = np.unique(recs["comm_hash"])
+        unknown = [int(c) for c in comms.tolist() if int(c) not in self.roles]
+        if not unknown:
+            return
+        mask = np.isin(recs["comm_hash"], np.array(unknown, np.uint64))
+        # One row per (communicator, writer, op) is all role inference needs.
+        key = (
+            _string_key(recs["func"][mask])
+            ^ recs["comm_hash"][mask].astype(np.uint64)
+            ^ recs["pid"][mask].astype(np.uint64)
+        )
+        _, first = np.unique(key, return_index=True)
+        mask = np.flatnonzero(mask)[first]
+        pids = recs["pid"][mask]
+        catalogue = pl.DataFrame(
+            {
+                "comm_id": [f"0x{int(c):016x}" for c in recs["comm_hash"][mask].tolist()],
+                "rank": [self.pid_rank.get(int(p), int(p)) for p in pids.tolist()],
+                "op": [op_name(f) for f in _text(recs["func"][mask])],
+                "is_p2p": (recs["kind"][mask] == header.constants()["CI_KIND_P2P"]).tolist(),
+                "comm_desc": [n or None for n in _text(recs["comm_name"][mask])],
+                "comm_size": recs["nranks"][mask].astype(np.int64).tolist(),
+                "comm_ranks": pl.Series([None] * len(mask), dtype=pl.List(pl.Int64)),
+            }
+        ).unique(subset=["comm_id", "rank", "op"])
+        for comm_id, role in infer_roles(catalogue).items():
+            self.roles[int(comm_id, 16)] = ROLE_CODE.get(role, 0)
+        for c in unknown:
+            self.roles.setdefault(c, 0)
+
+    def flush(self) -> int:
+        """End of the job on this node: finalise every open step."""
+        return self._emit(self.engine.flush())
+
+    def _emit(self, out: dict[str, Any]) -> int:
+        rows, steps = out["rows"], out["steps"]
+        if len(rows):
+            ok = steps >= 0
+            key = ((rows[ok] >> _PID_SHIFT) << 32) | steps[ok]
+            uniq, inverse = np.unique(key, return_inverse=True)
+            sums = np.bincount(inverse, weights=(rows[ok] & _BYTES_MASK).astype(np.float64)).astype(np.int64)
+            for k, total in zip(uniq.tolist(), sums.tolist(), strict=True):
+                pair = (k >> 32, k & 0xFFFFFFFF)
+                self.bytes_acc[pair] = self.bytes_acc.get(pair, 0) + total
+        written = 0
+        ranks = self.pid_rank
+        for block in out["final"]:
+            pid = int(block["rank"][0])
+            rank = ranks.get(pid, -1)
+            ids = block["step"]
+            start, end = block["start_ns"], block["end_ns"]
+            comm_ns = block["comm_ns"]
+            n = len(ids)
+            by_role = (comm_ns / 1e9).tolist()
+            columns = {
+                "rank": [rank] * n,
+                "pid": [pid] * n,
+                "host": [self.host] * n,
+                "step": ids.tolist(),
+                "start_ns": start.tolist(),
+                "end_ns": end.tolist(),
+                "duration_s": ((end - start) / 1e9).tolist(),
+                "comm_s": (comm_ns.sum(axis=1) / 1e9).tolist(),
+                "comm_s_by_role": [dict(zip(ROLES, row, strict=True)) for row in by_role],
+                "wait_s": (block["wait_ns"] / 1e9).tolist(),
+                "ops": block["n_ops"].tolist(),
+                "bytes": [self.bytes_acc.pop((pid, s), 0) for s in ids.tolist()],
+                "method": [block["method"]] * n,
+            }
+            rows = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+            data = b"\n".join(orjson.dumps(r) for r in rows) + b"\n"
+            name = f"{self.host}-{pid}.jsonl"
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with open(self.dir / name, "ab") as handle:
+                handle.write(data)
+            self.sizes[name] = self.sizes.get(name, 0) + len(data)
+            self._remember(rank if rank >= 0 else -pid, rows[-1], n, rows[-RECENT_KEPT:])
+            written += len(ids)
+        if written:
+            self.new_since_report = True
+        return written
+
+    def _remember(self, key: int, latest: dict[str, Any], count: int, recent: list[dict[str, Any]]) -> None:
+        with self.lock:
+            self.latest[key] = latest
+            self.recent.setdefault(key, deque(maxlen=RECENT_PER_RANK)).extend(recent)
+            self.steps_total[key] = self.steps_total.get(key, 0) + count
+
+    # ---- views -----------------------------------------------------------------------------------
+    def latest_steps(self) -> list[dict[str, Any]]:
+        """Latest final step per rank, in the live heartbeat's shape (docs/formats/upload.md)."""
+        with self.lock:
+            items = sorted(self.latest.items())
+        return [
+            {
+                "rank": s["rank"],
+                "step": s["step"],
+                "start_ns": s["start_ns"],
+                "end_ns": s["end_ns"],
+                "duration_s": s["duration_s"],
+                "comm_s": s["comm_s"],
+                "ops": s["ops"],
+                "bytes": s["bytes"],
+            }
+            for _, s in items
+        ]
+
+    def view(self, limit: int = 16) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "ranks": [
+                    {
+                        "rank": key if key >= 0 else -1,
+                        "pid": self.latest[key]["pid"],
+                        "steps_total": self.steps_total.get(key, 0),
+                        "latest": self.latest[key],
+                        "recent": list(self.recent[key])[-limit:],
+                    }
+                    for key in sorted(self.latest)
+                ],
+                "methods": {str(k): v.method for k, v in self.engine.ranks.items() if v.method},
+            }
+
+    # ---- checkpoint ------------------------------------------------------------------------------
+    def checkpoint(self) -> None:
+        """Engine state + file sizes + fed watermarks, atomically (see module doc for the order)."""
+        fingerprint = json.dumps([self.fed_seq, self.sizes, self.archived], sort_keys=True)
+        if fingerprint == self._fingerprint:
+            return  # nothing fed since the last checkpoint
+        for name in self.sizes:
+            path = self.dir / name
+            if path.exists():
+                with open(path, "rb+") as handle:
+                    os.fsync(handle.fileno())
+        atomic_write_json(
+            self.checkpoint_path,
+            {
+                "version": CHECKPOINT_VERSION,
+                "engine": self.engine.checkpoint().decode(),
+                "roles": {str(k): v for k, v in self.roles.items()},
+                "fed_seq": self.fed_seq,
+                "sizes": self.sizes,
+                "archived": self.archived,
+                "bytes_acc": [[p, s, b] for (p, s), b in self.bytes_acc.items()],
+                "steps_total": {str(k): v for k, v in self.steps_total.items()},
+                "latest": {str(k): v for k, v in self.latest.items()},
+            },
+        )
+        self._fingerprint = fingerprint
+
+    def restore(self) -> None:
+        """Resume from the checkpoint: truncate summary files to their committed size, reload the engine."""
+        try:
+            saved = json.loads(self.checkpoint_path.read_text())
+            if saved.get("version") != CHECKPOINT_VERSION:
+                raise ValueError(f"version {saved.get('version')!r}")
+            engine = StepEngine.resume(saved["engine"].encode())
+            engine.warmup = LIVE_WARMUP
+            self.engine = engine
+            self.roles = {int(k): int(v) for k, v in saved["roles"].items()}
+            self.fed_seq = {str(k): int(v) for k, v in saved["fed_seq"].items()}
+            self.sizes = {str(k): int(v) for k, v in saved["sizes"].items()}
+            self.archived = {str(k): int(v) for k, v in saved.get("archived", {}).items()}
+            self.bytes_acc = {(int(p), int(s)): int(b) for p, s, b in saved.get("bytes_acc", [])}
+            self.steps_total = {int(k): int(v) for k, v in saved.get("steps_total", {}).items()}
+            self.latest = {int(k): v for k, v in saved.get("latest", {}).items()}
+            self.recent = {k: deque([v], maxlen=RECENT_PER_RANK) for k, v in self.latest.items()}
+        except FileNotFoundError:
+            saved = None
+        except (ValueError, KeyError, TypeError, CheckpointError) as exc:
+            log.warning("step checkpoint %s unreadable (%s); step recovery starts afresh", self.checkpoint_path, exc)
+            saved = None
+        # Lines written after the checkpoint are written again from the replayed records: cut them.
+        if self.dir.exists():
+            for path in self.dir.glob("*.jsonl"):
+                committed = self.sizes.get(path.name, 0)
+                if path.stat().st_size > committed:
+                    with open(path, "rb+") as handle:
+                        handle.truncate(committed)
+        if saved:
+            log.info(
+                "steps resumed: %d GPUs, %d summaries written before",
+                len(self.engine.ranks),
+                sum(self.steps_total.values()),
+            )
+
+    # ---- archives --------------------------------------------------------------------------------
+    def unarchived(self) -> tuple[bytes, dict[str, int]]:
+        """Summary lines written since the last seal (JSON lines), and the sizes they reach."""
+        chunks = []
+        upto = {}
+        for name, size in sorted(self.sizes.items()):
+            start = self.archived.get(name, 0)
+            if size <= start:
+                continue
+            with open(self.dir / name, "rb") as handle:
+                handle.seek(start)
+                chunks.append(handle.read(size - start))
+            upto[name] = size
+        return b"".join(chunks), upto
+
+    def mark_archived(self, upto: dict[str, int]) -> None:
+        self.archived.update(upto)

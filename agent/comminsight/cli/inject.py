@@ -1,0 +1,62 @@
+"""``comminsight inject install|status|uninstall [--python PATH]``: the import hook in a workload's environment.
+
+Thin wrapper over ``comminsight_inject.installer`` (the same commands as ``python -m comminsight_inject``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from comminsight_inject import installer
+from comminsight_inject.__main__ import describe_status
+from rich.console import Console
+
+app = typer.Typer(
+    help="Install the PyTorch import hook that names communicators into a workload's Python environment.",
+    no_args_is_help=True,
+)
+PYTHON = typer.Option(None, "--python", help="The workload's interpreter (default: the one running this command)")
+
+
+def _fail(exc: installer.InstallError) -> None:
+    Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+@app.command("install")
+def install_command(python: str | None = PYTHON) -> None:
+    """Put the .pth file and the deferred hook into the environment (venv, else user site)."""
+    try:
+        target, installed = installer.install(python)
+    except installer.InstallError as exc:
+        _fail(exc)
+        return
+    typer.echo(f"installed into {target.site_dir} ({target.kind} of {target.executable}):")
+    for path in installed.files:
+        typer.echo(f"  {path}")
+
+
+@app.command("status")
+def status_command(python: str | None = PYTHON, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Where the hook is installed, and which naming level applies to the installed PyTorch."""
+    try:
+        facts = installer.status(python)
+    except installer.InstallError as exc:
+        _fail(exc)
+        return
+    typer.echo(json.dumps(facts, indent=1) if as_json else describe_status(facts))
+
+
+@app.command("uninstall")
+def uninstall_command(python: str | None = PYTHON) -> None:
+    """Remove exactly what install put there."""
+    try:
+        target, removed = installer.uninstall(python)
+    except installer.InstallError as exc:
+        _fail(exc)
+        return
+    if not removed:
+        typer.echo(f"nothing to remove: not installed in {target.site_dir}")
+    for path in removed:
+        typer.echo(f"removed {path}")

@@ -1,0 +1,116 @@
+"""Matching of communication operations across ranks: one home for the step engine and the analyses.
+
+Each collective is matched across its members by (communicator, op, seq); point-to-point
+operations by (communicator, sender, receiver, n-th transfer) when peers are known, else by
+completion time (a send and its receive finish together). Per member: arrival (start, else
+enqueue), lateness (arrival minus the earliest member's) and waiting (time inside the operation
+before the last member arrived).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+P2P_WINDOW_NS = 2_000_000  # a receive ends within this of its send handing over
+
+
+def _pair_p2p(p2p: pl.DataFrame) -> pl.DataFrame:
+    """recv row -> send row (``partner_row``) for point-to-point events.
+
+    With peers: the n-th send from a to b pairs with the n-th receive on b from a. Without peers:
+    a receive completes when its send has handed the data over, so it pairs with the send on
+    another rank of the same communicator whose end is nearest to its own (within P2P_WINDOW_NS;
+    nearest, not last before: clocks of different hosts disagree by more than the hand-over).
+    """
+    with_peer = p2p.filter(pl.col("peer").is_not_null()).with_columns(
+        sender=pl.when(pl.col("op") == "send").then(pl.col("rank")).otherwise(pl.col("peer")),
+        receiver=pl.when(pl.col("op") == "send").then(pl.col("peer")).otherwise(pl.col("rank")),
+    )
+    with_peer = with_peer.with_columns(
+        k=pl.col("arrival_ns").rank("ordinal").over("comm_id", "sender", "receiver", "op")
+    )
+    keys = ["comm_id", "sender", "receiver", "k"]
+    peered = (
+        with_peer.filter(pl.col("op") == "recv")
+        .select("row", *keys)
+        .join(with_peer.filter(pl.col("op") == "send").select(*keys, partner_row=pl.col("row")), on=keys, how="inner")
+        .select("row", "partner_row")
+    )
+    no_peer = p2p.filter(pl.col("peer").is_null())
+    recvs = no_peer.filter(pl.col("op") == "recv").select("row", "rank", "comm_id", "end_ns").sort("end_ns")
+    sends = (
+        no_peer.filter(pl.col("op") == "send")
+        .select(
+            partner_row=pl.col("row"), send_rank=pl.col("rank"), comm_id=pl.col("comm_id"), send_end=pl.col("end_ns")
+        )
+        .sort("send_end")
+    )
+    if recvs.height and sends.height:
+        # Candidates: sends on other ranks of the communicator ending within the window (found
+        # through window-sized time buckets), nearest first; each send pairs with one receive.
+        recvs = recvs.with_columns(bucket=pl.col("end_ns") // P2P_WINDOW_NS)
+        sends = sends.with_columns(bucket=(pl.col("send_end") // P2P_WINDOW_NS) + pl.lit([-1, 0, 1])).explode("bucket")
+        guessed = (
+            recvs.join(sends, on=["comm_id", "bucket"], how="inner")
+            .filter(
+                (pl.col("send_rank") != pl.col("rank"))
+                & ((pl.col("send_end") - pl.col("end_ns")).abs() <= P2P_WINDOW_NS)
+            )
+            .with_columns(d=(pl.col("send_end") - pl.col("end_ns")).abs())
+            .sort("d", "row", "partner_row")
+            .unique("partner_row", keep="first", maintain_order=True)
+            .unique("row", keep="first", maintain_order=True)
+            .select("row", "partner_row")
+        )
+    else:
+        guessed = pl.DataFrame(schema={"row": pl.Int64, "partner_row": pl.Int64})
+    return pl.concat([peered, guessed], how="vertical_relaxed")
+
+
+def match_operations(df: pl.DataFrame) -> pl.DataFrame:
+    """Per event: matched ``group`` (-1 local), ``partner_row`` (a receive's send), arrival, lateness, waiting.
+
+    ``df`` must carry a ``row`` column (row index); the result is in ``row`` order.
+    """
+    arrival = pl.coalesce(pl.col("start_ns"), pl.col("enqueue_ns"))
+    base = df.select(
+        "row", "rank", "comm_id", "op", "is_p2p", "seq", "peer", "comm_size", "start_ns", "end_ns", "enqueue_ns"
+    )
+    base = base.with_columns(arrival_ns=arrival, end_ns=pl.coalesce(pl.col("end_ns"), arrival))
+    coll = base.filter(~pl.col("is_p2p") & (pl.col("op") != "compute") & (pl.col("comm_size").fill_null(2) > 1))
+    coll = coll.with_columns(
+        key=pl.concat_str([pl.lit("c"), pl.col("comm_id"), pl.col("op"), pl.col("seq").cast(pl.String)], separator="|")
+    )
+    pairs = _pair_p2p(base.filter(pl.col("is_p2p")))
+    # A transfer is a two-member group (receive and its send) for lateness and waiting.
+    p2p_members = pl.concat(
+        [
+            pairs.select("row", key=pl.lit("p|") + pl.col("row").cast(pl.String)),
+            pairs.select(row=pl.col("partner_row"), key=pl.lit("p|") + pl.col("row").cast(pl.String)),
+        ]
+    ).unique("row", keep="first")
+    p2p = base.join(p2p_members, on="row", how="inner")
+    matched = pl.concat([coll, p2p], how="vertical_relaxed")
+    stats = (
+        matched.group_by("key")
+        .agg(first=pl.col("arrival_ns").min(), last=pl.col("arrival_ns").max(), n_members=pl.col("rank").n_unique())
+        .filter(pl.col("n_members") > 1)
+        .with_columns(group=pl.int_range(pl.len(), dtype=pl.Int64))
+    )
+    matched = matched.join(stats, on="key", how="inner").select(
+        "row",
+        "group",
+        "n_members",
+        "is_p2p",
+        lateness_ns=pl.col("arrival_ns") - pl.col("first"),
+        wait_ns=(pl.min_horizontal(pl.col("last"), pl.col("end_ns")) - pl.col("arrival_ns")).clip(lower_bound=0),
+        last_arrival_ns=pl.col("last"),
+    )
+    out = base.select("row", "rank", "arrival_ns").join(matched, on="row", how="left").join(pairs, on="row", how="left")
+    return out.sort("row").with_columns(
+        pl.col("group").fill_null(-1),
+        pl.col("n_members").fill_null(1),
+        pl.col("lateness_ns").fill_null(0),
+        pl.col("wait_ns").fill_null(0),
+        pl.col("is_p2p").fill_null(False),
+    )

@@ -1,0 +1,565 @@
+"""Generated training traces with their own ground truth (no processes, no clocks).
+
+A deterministic dependency scheduler runs a Megatron-style program on every rank of a
+TP x CP x DP x PP layout (1F1B pipeline schedule with batched send/recv, tensor-parallel
+all-reduces, context-parallel all-gathers, distributed-optimizer parameter all-gather and
+gradient reduce-scatter, the embedding all-reduce between first and last stage) and writes what
+each rank did in the ByteDance trace format (``dp_rank, stage, rank, step, optype, start_ts,
+duration, seq_id``) that the OSDI'25 straggler study published, with compute rows, plus
+``tp_rank``, ``peer`` and ``pg`` (the process group) so that matching does not depend on
+inference.
+
+A collective ends when its last member has arrived plus its transfer time; a batch of
+send/receive operations ends when every transfer in it has (each transfer once both sides have
+posted it). Durations carry seeded multiplicative noise. Faults make a set of ranks' compute
+slower (optionally one phase only), a group's communication slower, or a rank late by a fixed
+delay before one operation of every step.
+
+Ground truth (``GeneratedJob.truth``): the observed mean step time; the ideal one (the same
+program replayed with every duration at its nominal value: no noise, no fault) and the ratio
+(``slowdown``); the what-if study's ideal (every operation at its mean true duration over ranks
+and steps, no noise) and that ratio (``slowdown_vs_mean``); the faulty ranks; every step's true
+start (the first operation of the step on any rank).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+MS = 1e-3  # the format's times are seconds
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    microbatches: int = 4
+    forward_ms: float = 6.0  # one microbatch's forward compute on one stage
+    backward_ms: float = 12.0
+    optimizer_ms: float = 8.0
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Megatron's order: tensor parallel fastest, then context, data, pipeline."""
+        tp, rest = rank % self.tp, rank // self.tp
+        cp, rest = rest % self.cp, rest // self.cp
+        dp, pp = rest % self.dp, rest // self.dp
+        return {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+
+    def rank(self, tp: int, cp: int, dp: int, pp: int) -> int:
+        return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What is slow. ``where`` selects ranks by coordinate (``{"dp": 1}``, ``{"pp": 1}``, ``{"rank": 5}``).
+
+    kind ``compute``: compute of the selected ranks takes ``factor`` times longer (``phase``:
+    ``forward``, ``backward`` or ``all``). kind ``comm``: transfers of ``group`` collectives
+    (``dp``, ``tp``, ``cp``, ``pp`` for send/recv) that involve a selected rank take ``factor``
+    times longer. kind ``late``: each selected rank waits ``delay_ms`` before its first
+    ``before`` operation (e.g. ``tp-all-reduce``) of every step.
+    """
+
+    kind: str
+    where: dict[str, int]
+    factor: float = 1.0
+    phase: str = "all"
+    group: str = ""
+    delay_ms: float = 0.0
+    before: str = ""
+
+    def hits(self, layout: Layout, rank: int) -> bool:
+        c = {**layout.coords(rank), "rank": rank}
+        return all(c[k] == v for k, v in self.where.items())
+
+
+@dataclass
+class GeneratedJob:
+    layout: Layout
+    table: pl.DataFrame  # ByteDance trace format, one row per operation per rank
+    truth: dict = field(default_factory=dict)
+
+    def write(self, path: Path) -> Path:
+        path = Path(path)
+        self.table.write_parquet(path)
+        return path
+
+    def communication_only(self) -> pl.DataFrame:
+        """The same trace without compute rows and without step labels."""
+        return self.table.filter(~pl.col("optype").str.contains("compute|optimizer")).drop("step")
+
+
+@dataclass
+class _Op:
+    optype: str
+    kind: str  # compute, coll, p2p
+    nominal: float  # seconds: compute duration or transfer time
+    key: tuple = ()  # shared by every member of one collective / both sides of one transfer
+    members: int = 1
+    peer: int = -1
+    pg: str = ""
+    gap: float = 20e-6  # launch gap before it
+
+
+def _program(layout: Layout, rank: int, step: int) -> list[list[_Op]]:
+    """One rank's step as a list of batches (a batch: one compute, or operations posted together)."""
+    c = layout.coords(rank)
+    s, last = c["pp"], layout.pp - 1
+    m = layout.microbatches
+    dp_ranks = layout.dp * layout.cp
+    dp_pg = f"dp:pp{s}tp{c['tp']}"
+    tp_pg = f"tp:pp{s}dp{c['dp']}cp{c['cp']}"
+    cp_pg = f"cp:pp{s}dp{c['dp']}tp{c['tp']}"
+    pp_pg = f"pp:dp{c['dp']}cp{c['cp']}tp{c['tp']}"
+    out: list[list[_Op]] = []
+    counter: dict[str, int] = {}
+
+    def coll(optype: str, pg: str, members: int, ms: float) -> _Op:
+        k = counter[optype] = counter.get(optype, -1) + 1
+        return _Op(optype, "coll", ms * MS, key=(step, pg, optype, k), members=members, pg=pg)
+
+    def p2p(optype: str, direction: str, mb: int, to_stage: int, sending: bool) -> _Op:
+        peer = layout.rank(c["tp"], c["cp"], c["dp"], to_stage)
+        src, dst = (s, to_stage) if sending else (to_stage, s)
+        return _Op(optype, "p2p", 0.4 * MS, key=(step, pp_pg, direction, mb, src, dst), members=2, peer=peer, pg=pp_pg)
+
+    def forward(mb: int) -> None:
+        if layout.cp > 1:
+            out.append([coll("cp-all-gather", cp_pg, layout.cp, 0.3)])
+        out.append([_Op("forward-compute", "compute", layout.forward_ms * MS)])
+        if layout.tp > 1:
+            out.append([coll("tp-all-reduce", tp_pg, layout.tp, 0.2)])
+
+    def backward(mb: int) -> None:
+        out.append([_Op("backward-compute", "compute", layout.backward_ms * MS)])
+        if layout.tp > 1:
+            out.append([coll("tp-all-reduce", tp_pg, layout.tp, 0.2)])
+        if layout.cp > 1:
+            out.append([coll("cp-reduce-scatter", cp_pg, layout.cp, 0.3)])
+
+    def batch(*ops: _Op | None) -> None:
+        got = [o for o in ops if o is not None]
+        if got:
+            out.append(got)
+
+    send_f = lambda mb: p2p("forward-send", "f", mb, s + 1, True) if s < last else None  # noqa: E731
+    recv_f = lambda mb: p2p("forward-recv", "f", mb, s - 1, False) if s > 0 else None  # noqa: E731
+    send_b = lambda mb: p2p("backward-send", "b", mb, s - 1, True) if s > 0 else None  # noqa: E731
+    recv_b = lambda mb: p2p("backward-recv", "b", mb, s + 1, False) if s < last else None  # noqa: E731
+
+    if dp_ranks > 1:
+        out.append([coll("params-all-gather", dp_pg, dp_ranks, 2.0)])
+    # Megatron's 1F1B: warm-up forwards, steady state one forward one backward, cool-down backwards.
+    warm = min(layout.pp - s - 1, m)
+    for mb in range(warm):
+        batch(recv_f(mb))
+        forward(mb)
+        batch(send_f(mb))
+    steady = m - warm
+    if steady:
+        batch(recv_f(warm))
+    for i in range(steady):
+        forward(warm + i)
+        batch(send_f(warm + i), recv_b(i))
+        backward(i)
+        if i == steady - 1:
+            batch(send_b(i))
+        else:
+            batch(send_b(i), recv_f(warm + i + 1))
+    for mb in range(steady, m):
+        batch(recv_b(mb))
+        backward(mb)
+        batch(send_b(mb))
+    if layout.pp > 1 and s in (0, last):
+        out.append([coll("embedding-grads-all-reduce", f"emb:dp{c['dp']}cp{c['cp']}tp{c['tp']}", 2, 0.5)])
+    if dp_ranks > 1:
+        out.append([coll("grads-reduce-scatter", dp_pg, dp_ranks, 2.0)])
+    out.append([_Op("optimizer", "compute", layout.optimizer_ms * MS)])
+    return out
+
+
+def _schedule(layout: Layout, programs: list[list[list[_Op]]], durations: list[list[list[float]]]) -> list[list]:
+    """Run every rank's batches; per rank a list of (batch index, start, end per op)."""
+    n = layout.world
+    ptr = [0] * n
+    clock = [0.0] * n
+    posted: dict[tuple, dict[int, float]] = {}
+    done: dict[tuple, float] = {}
+    times: list[list] = [[] for _ in range(n)]
+    arrival: dict[tuple[int, int], float] = {}
+    progress = True
+    while progress:
+        progress = False
+        for r in range(n):
+            prog, dur = programs[r], durations[r]
+            while ptr[r] < len(prog):
+                b = ptr[r]
+                ops = prog[b]
+                if (r, b) not in arrival:
+                    arrival[(r, b)] = clock[r] + ops[0].gap
+                start = arrival[(r, b)]
+                if ops[0].kind == "compute":
+                    end = start + dur[b][0]
+                    times[r].append((b, start, [end]))
+                    clock[r], ptr[r], progress = end, b + 1, True
+                    continue
+                ends = []
+                for o, d in zip(ops, dur[b], strict=True):
+                    got = posted.setdefault(o.key, {})
+                    got[r] = start
+                    if o.key not in done and len(got) == o.members:
+                        done[o.key] = max(got.values()) + d
+                    ends.append(done.get(o.key))
+                if any(e is None for e in ends):
+                    break
+                end = max(ends)
+                times[r].append((b, start, [end] * len(ops)))
+                clock[r], ptr[r], progress = end, b + 1, True
+    if any(ptr[r] < len(programs[r]) for r in range(n)):
+        raise RuntimeError("generated program deadlocked")  # a bug in _program, never an input error
+    return times
+
+
+def generate(
+    layout: Layout,
+    steps: int = 6,
+    faults: tuple[Fault, ...] = (),
+    noise: float = 0.02,
+    seed: int = 0,
+    first_step: int = 100,
+) -> GeneratedJob:
+    """A trace of ``steps`` steps (labelled from ``first_step``) with its ground truth (module doc)."""
+    rng = np.random.default_rng(seed)
+    n = layout.world
+    programs: list[list[list[_Op]]] = []
+    step_of: list[list[int]] = []
+    for r in range(n):
+        prog: list[list[_Op]] = []
+        labels: list[int] = []
+        for k in range(steps):
+            p = _program(layout, r, k)
+            prog += p
+            labels += [k] * len(p)
+        programs.append(prog)
+        step_of.append(labels)
+    nominal = [[[o.nominal for o in b] for b in prog] for prog in programs]
+    observed: list[list[list[float]]] = []
+    for r in range(n):
+        per_rank = []
+        for ops in programs[r]:
+            jitter = rng.lognormal(0.0, noise, size=len(ops)) if noise > 0 else np.ones(len(ops))
+            per_rank.append([o.nominal * float(j) for o, j in zip(ops, jitter, strict=True)])
+        observed.append(per_rank)
+    faulty: set[int] = set()
+    late: dict[tuple[int, int], float] = {}
+    for f in faults:
+        hit = {r for r in range(n) if f.hits(layout, r)}
+        faulty |= hit
+        for r in hit:
+            seen: set[int] = set()
+            for b, ops in enumerate(programs[r]):
+                for i, o in enumerate(ops):
+                    if f.kind == "compute" and o.kind == "compute" and o.optype != "optimizer":
+                        if f.phase == "all" or o.optype.startswith(f.phase):
+                            observed[r][b][i] *= f.factor
+                    elif f.kind == "comm" and o.kind != "compute" and o.pg.startswith(f.group + ":"):
+                        observed[r][b][i] *= f.factor
+                    elif f.kind == "late" and o.optype == f.before and step_of[r][b] not in seen:
+                        seen.add(step_of[r][b])
+                        late[(r, b)] = f.delay_ms * MS
+    # A transfer's time is one value for all its members: the slowest member's draw.
+    for prog_ops, dur in ((programs, observed),):
+        worst: dict[tuple, float] = {}
+        for r in range(n):
+            for b, ops in enumerate(prog_ops[r]):
+                for i, o in enumerate(ops):
+                    if o.kind != "compute":
+                        worst[o.key] = max(worst.get(o.key, 0.0), dur[r][b][i])
+        for r in range(n):
+            for b, ops in enumerate(prog_ops[r]):
+                for i, o in enumerate(ops):
+                    if o.kind != "compute":
+                        dur[r][b][i] = worst[o.key]
+    # Launch gaps carry the same noise; a late rank's delay is added to one gap per step.
+    for r in range(n):
+        for b, ops in enumerate(programs[r]):
+            g = ops[0].gap * float(rng.lognormal(0.0, noise)) if noise > 0 else ops[0].gap
+            g += late.get((r, b), 0.0)
+            programs[r][b] = [_Op(**{**o.__dict__, "gap": g}) for o in ops]
+    times = _schedule(layout, programs, observed)
+    # The what-if study's ideal: each operation at its mean (no noise) over ranks and steps, per
+    # operation and occurrence in the step; each gap at its mean between the same two operations.
+    true = [[[d for d in b] for b in prog] for prog in nominal]
+    for f in faults:
+        if f.kind in ("compute", "comm"):
+            for r in range(n):
+                if not f.hits(layout, r):
+                    continue
+                for b, ops in enumerate(programs[r]):
+                    for i, o in enumerate(ops):
+                        if f.kind == "compute" and o.kind == "compute" and o.optype != "optimizer":
+                            if f.phase == "all" or o.optype.startswith(f.phase):
+                                true[r][b][i] *= f.factor
+                        elif f.kind == "comm" and o.kind != "compute" and o.pg.startswith(f.group + ":"):
+                            true[r][b][i] *= f.factor
+    dur_sum: dict[tuple, list[float]] = {}
+    gap_sum: dict[tuple, list[float]] = {}
+    places: list[list[tuple[list[tuple], tuple]]] = []
+    for r in range(n):
+        seen: dict[tuple, int] = {}
+        prev_name = ""
+        per_rank = []
+        for b, ops in enumerate(programs[r]):
+            keys = []
+            for o in ops:
+                k = (step_of[r][b], o.optype)
+                seen[k] = seen.get(k, -1) + 1
+                keys.append((o.optype, seen[k]))
+            gkey = (prev_name, keys[0])
+            prev_name = ops[-1].optype
+            per_rank.append((keys, gkey))
+            for key, d in zip(keys, true[r][b], strict=True):
+                dur_sum.setdefault(key, []).append(d)
+            gap_sum.setdefault(gkey, []).append(20e-6 + late.get((r, b), 0.0))
+        places.append(per_rank)
+    mean_dur = [[[float(np.mean(dur_sum[k])) for k in keys] for keys, _ in per_rank] for per_rank in places]
+    mean_programs = [
+        [
+            [_Op(**{**o.__dict__, "gap": float(np.mean(gap_sum[places[r][b][1]]))}) for o in ops]
+            for b, ops in enumerate(prog)
+        ]
+        for r, prog in enumerate(programs)
+    ]
+    mean_times = _schedule(layout, mean_programs, mean_dur)
+    ideal_programs = [[[_Op(**{**o.__dict__, "gap": 20e-6}) for o in b] for b in prog] for prog in programs]
+    ideal_times = _schedule(layout, ideal_programs, nominal)
+
+    rows: dict[str, list] = {
+        k: [] for k in ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id")
+    } | {"tp_rank": [], "cp_rank": [], "peer": [], "pg": []}
+    for r in range(n):
+        c = layout.coords(r)
+        seq: dict[tuple[int, str], int] = {}
+        for b, start, ends in times[r]:
+            for o, end in zip(programs[r][b], ends, strict=True):
+                k = (step_of[r][b], o.optype)
+                seq[k] = seq.get(k, -1) + 1
+                rows["dp_rank"].append(c["dp"])
+                rows["stage"].append(c["pp"])
+                rows["tp_rank"].append(c["tp"])
+                rows["cp_rank"].append(c["cp"])
+                rows["rank"].append(r)
+                rows["step"].append(first_step + step_of[r][b])
+                rows["optype"].append(o.optype)
+                rows["start_ts"].append(start)
+                rows["duration"].append(end - start)
+                rows["seq_id"].append(seq[k])
+                rows["peer"].append(o.peer if o.peer >= 0 else None)
+                rows["pg"].append(o.pg or f"local:{r}")
+    table = pl.DataFrame(rows).sort("rank", "start_ts")
+
+    def step_bounds(ts: list[list]) -> tuple[np.ndarray, float]:
+        starts = np.full(steps, np.inf)
+        last_end = 0.0
+        for r in range(n):
+            for b, start, ends in ts[r]:
+                k = step_of[r][b]
+                starts[k] = min(starts[k], start)
+                last_end = max(last_end, max(ends))
+        return starts, (last_end - starts[0]) / steps
+
+    true_starts, observed_step = step_bounds(times)
+    _, ideal_step = step_bounds(ideal_times)
+    _, mean_step = step_bounds(mean_times)
+    truth = {
+        "observed_step_s": observed_step,
+        "ideal_step_s": ideal_step,
+        "slowdown": observed_step / ideal_step,
+        "mean_ideal_step_s": mean_step,
+        "slowdown_vs_mean": observed_step / mean_step,
+        "culprits": sorted(faulty),
+        "step_starts_s": true_starts.tolist(),
+        "steps": [first_step + k for k in range(steps)],
+    }
+    return GeneratedJob(layout=layout, table=table, truth=truth)
+
+
+def write_kineto(
+    out: Path,
+    ranks: int = 8,
+    steps: int = 8,
+    slow_rank: int = -1,
+    slow_factor: float = 1.0,
+    sleep_ms: float = 0.0,
+    noise: float = 0.03,
+    seed: int = 0,
+    step_ms: float = 1400.0,
+) -> dict:
+    """PyTorch profiler (Kineto) JSON traces of a data-parallel job, one file per rank, and their truth.
+
+    Per step and rank: a forward kernel, then (on ``slow_rank``) ``sleep_ms`` on the CPU before
+    backward, then backward in gradient buckets, each a compute kernel followed by an NCCL
+    all-reduce over all ranks (``record_param_comms`` plus the kernel, with the collective
+    arguments PyTorch writes; NCCL 2.17 kernel names), under a ``ProfilerStep#N`` annotation.
+    ``slow_rank`` also computes ``slow_factor`` times slower. Returns the truth: mean step time
+    observed and ideal (no noise, no fault), their ratio, the culprit.
+    """
+    out = Path(out)
+    buckets, nelems = 6, 6_291_456
+    # A step of about ``step_ms``: forward 30%, backward 60% in buckets, all-reduces 6%, optimizer.
+    forward_us, compute_us, transfer_us = 0.3 * step_ms * 1e3, 0.1 * step_ms * 1e3, 0.01 * step_ms * 1e3
+    group = list(range(ranks))
+    pg = {
+        "Collective name": "allreduce",
+        "In msg nelems": nelems,
+        "Out msg nelems": nelems,
+        "Group size": ranks,
+        "dtype": "BFloat16",
+        "Process Group Name": "0",
+        "Process Group Description": "default_pg",
+        "Process Group Ranks": json.dumps(group),
+    }
+
+    def run(jitter: float, factor: float, sleep_us: float, record: bool) -> tuple[list[list[dict]], float]:
+        rng = np.random.default_rng(seed)
+        clock = np.zeros(ranks)
+        events: list[list[dict]] = [[] for _ in range(ranks)]
+        ids = [[1000, 50_000] for _ in range(ranks)]
+
+        def kernel(r: int, name: str, ts: float, dur: float, stream: int, args: dict | None = None) -> None:
+            if not record:
+                return
+            ids[r][0] += 1
+            ids[r][1] += 1
+            ext, corr = ids[r]
+            events[r].append(
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaLaunchKernel",
+                    "pid": 100 + r,
+                    "tid": 100 + r,
+                    "ts": ts - 8.0,
+                    "dur": 4.0,
+                    "args": {"External id": ext, "correlation": corr, "cbid": 211},
+                }
+            )
+            events[r].append(
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": name,
+                    "pid": 0,
+                    "tid": stream,
+                    "ts": ts,
+                    "dur": dur,
+                    "args": {"External id": ext, "correlation": corr, "device": r, "stream": stream, **(args or {})},
+                }
+            )
+
+        def draw(r: int) -> float:
+            return float(rng.lognormal(0.0, jitter)) * (factor if r == slow_rank else 1.0)
+
+        starts = []
+        for step in range(steps):
+            step_start = clock.copy()
+            starts.append(step_start.min())
+            for r in range(ranks):
+                dur = forward_us * draw(r)
+                kernel(r, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", clock[r] + 5.0, dur, 7)
+                clock[r] += 5.0 + dur + (sleep_us if r == slow_rank else 0.0)
+            for _ in range(buckets):
+                arrival = np.empty(ranks)
+                for r in range(ranks):
+                    work = compute_us * draw(r)
+                    kernel(r, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n_tilesize128x128x64", clock[r] + 5.0, work, 7)
+                    arrival[r] = clock[r] + 5.0 + work + 20.0
+                end = arrival.max() + transfer_us
+                for r in range(ranks):
+                    if record:
+                        ids[r][0] += 1
+                        events[r].append(
+                            {
+                                "ph": "X",
+                                "cat": "cpu_op",
+                                "name": "record_param_comms",
+                                "pid": 100 + r,
+                                "tid": 100 + r,
+                                "ts": arrival[r] - 20.0,
+                                "dur": 10.0,
+                                "args": {"External id": ids[r][0], **pg},
+                            }
+                        )
+                    kernel(
+                        r,
+                        "ncclKernel_AllReduce_RING_LL_Sum_bfloat16(ncclDevComm*, unsigned long, ncclWork*)",
+                        arrival[r],
+                        end - arrival[r],
+                        20,
+                        args=pg,
+                    )
+                    clock[r] = end
+            for r in range(ranks):
+                if record:
+                    events[r].append(
+                        {
+                            "ph": "X",
+                            "cat": "user_annotation",
+                            "name": f"ProfilerStep#{step}",
+                            "pid": 100 + r,
+                            "tid": 100 + r,
+                            "ts": step_start[r] - 20.0,
+                            "dur": clock[r] - step_start[r] + 30.0,
+                            "args": {"External id": 0},
+                        }
+                    )
+            clock += 0.03 * step_ms * 1e3  # optimizer step
+        return events, (clock.max() - starts[0]) / steps
+
+    events, observed = run(noise, slow_factor, sleep_ms * 1e3, True)
+    _, ideal = run(0.0, 1.0, 0.0, False)
+    out.mkdir(parents=True, exist_ok=True)
+    for r in range(ranks):
+        doc = {
+            "schemaVersion": 1,
+            "deviceProperties": [{"id": r, "name": "NVIDIA H200", "totalGlobalMem": 150_000_000_000}],
+            "distributedInfo": {
+                "backend": "nccl",
+                "rank": r,
+                "world_size": ranks,
+                "pg_count": 1,
+                "pg_config": [
+                    {
+                        "pg_name": "0",
+                        "pg_desc": "default_pg",
+                        "backend_config": "cuda:nccl",
+                        "pg_size": ranks,
+                        "ranks": group,
+                    }
+                ],
+                "nccl_version": "2.17.1",
+            },
+            "traceEvents": sorted(events[r], key=lambda e: e["ts"]),
+            "traceName": f"rank{r}.json",
+            "displayTimeUnit": "ms",
+            "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+        }
+        (out / f"rank-{r}.pt.trace.json").write_text(json.dumps(doc))
+    faulty = slow_rank >= 0 and (slow_factor != 1.0 or sleep_ms > 0)
+    return {
+        "observed_step_s": observed / 1e6,
+        "ideal_step_s": ideal / 1e6,
+        "slowdown": observed / ideal,
+        "culprits": [slow_rank] if faulty else [],
+    }

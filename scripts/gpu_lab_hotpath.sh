@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Hot path on the GPU host in one device call (docs/profiler.md, "The hot-path benchmark"):
+#   1. build this checkout's plugin and, when BEFORE_SRC holds an earlier native/profiler, that build too;
+#   2. `profiler_hotpath` for 1/2/4/8 threads against the no-op plugin, before and after alternating,
+#      ROUNDS times (default 5), so both see the same neighbours;
+#   3. the 8-rank lab job's step time without and with the plugin, alternating ROUNDS times
+#      (scripts/gpu_lab.py), with its spread;
+#   4. make check (ASan+UBSan, TSan) on that machine.
+# Every phase has its own timeout; results land in $OUT as each phase ends.
+#   OUT=/tmp/hp BEFORE_SRC=/path/to/old/native/profiler bash scripts/gpu_lab_hotpath.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/results/gpu_lab_hotpath}
+ROUNDS=${ROUNDS:-5}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+exec > >(tee -a "$OUT/hotpath.log") 2>&1
+T0=$(date +%s)
+phase() { echo "=== $1 (t+$(($(date +%s) - T0)) s)"; }
+
+phase machine
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+echo "cpus: $(nproc)"; lscpu | grep -E "^(Model name|Hypervisor)" || true
+
+phase build
+P=native/profiler/build
+make -C native/profiler clean all build/libnccl-profiler-noop.so build/profiler_hotpath >"$OUT/build.tmp" 2>&1 \
+  || { cat "$OUT/build.tmp"; exit 1; }
+BEFORE=""
+if [ -n "${BEFORE_SRC:-}" ] && [ -d "$BEFORE_SRC/src" ]; then
+  make -C "$BEFORE_SRC" build/libnccl-profiler-comminsight.so >/dev/null 2>&1 \
+    && BEFORE=$BEFORE_SRC/build/libnccl-profiler-comminsight.so
+fi
+PLUGIN="$PWD/$P/libnccl-profiler-comminsight.so"
+
+phase "hot-path bench, $ROUNDS rounds"
+for rep in $(seq 1 "$ROUNDS"); do
+  if [ -n "$BEFORE" ]; then echo "## before, round $rep"; timeout 30 "$P/profiler_hotpath" "$BEFORE" "$P/libnccl-profiler-noop.so" | tail -5; fi
+  echo "## after, round $rep"; timeout 30 "$P/profiler_hotpath" "$PLUGIN" "$P/libnccl-profiler-noop.so" | tail -5
+done | tee "$OUT/native.txt"
+"$P/profiler_hotpath" "$PLUGIN" "$P/libnccl-profiler-noop.so" 2>&1 | head -1 | tee -a "$OUT/native.txt"
+
+phase "step time without/with the plugin, $ROUNDS rounds"
+timeout 240 python3 scripts/gpu_lab.py --plugin "$PLUGIN" --out "$OUT" --rounds "$ROUNDS" --steps 20 --warmup 5 \
+  --phase-timeout 40 | tail -25
+
+phase "make check"
+timeout 90 make -C native/profiler check 2>&1 | grep -E "^ok|FAIL|passed|Sanitizer|Error" | tail -20 | tee -a "$OUT/native.txt"
+phase done

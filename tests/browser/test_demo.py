@@ -1,0 +1,83 @@
+"""The demo job from a new site's empty list, in a real browser: the real plugin driven by the simulator, a real
+agent uploading to the live server, the workload turning hung without a reload, then the analyses naming the
+hung rank and the straggler."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        not (Path(__file__).resolve().parents[2] / "native/profiler/build/libnccl-profiler-comminsight.so").exists(),
+        reason="profiler plugin not built (make -C native/profiler)",
+    ),
+]
+
+# Short enough for a test, long enough that the job is seen running before it hangs (margins for a busy machine).
+PLAN = {
+    "steps": 14,
+    "step_ms": 150.0,
+    "straggler_from_step": 2,
+    "hang_step": 10,
+    "hang_s": 20.0,
+    "agent_hang_floor_s": 2.0,
+    "archive_interval_s": 2.0,
+}
+
+
+def test_root_runs_the_demo_and_watches_it_hang_then_reads_the_analyses(
+    live_server, page, personas, data_dir, celery_eager, settings, artifacts
+):
+    from apps.analysis.models import AnalysisJob
+    from apps.workloads.demo import demo_running
+    from apps.workloads.models import Workload
+    from tests.conftest import PASSWORD
+
+    settings.DEMO_PLAN = PLAN
+    Workload.objects.all().delete()
+    page.goto(live_server.url + "/accounts/login/")
+    page.fill("#id_username", "root")
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/workloads/")
+    page.screenshot(path=artifacts / "20-demo-offer.png", full_page=True)
+    page.click("#run-demo")
+    try:
+        page.wait_for_url("**/workloads/*/")
+        assert "The demo job is starting" in page.inner_text(".messages")
+        # The open page follows the job without a reload (live regions and status badge poll every 15 s here:
+        # the test server has no WebSockets).
+        page.wait_for_function(
+            "document.querySelector('#workload-status').textContent.trim() === 'Hung'", timeout=150_000
+        )
+        page.screenshot(path=artifacts / "21-demo-hung.png", full_page=True)
+        page.wait_for_function("!document.querySelector('#no-archives')", timeout=120_000)
+        assert "16" in page.inner_text("#workload-facts .stats")
+    finally:
+        deadline = time.monotonic() + 240
+        while demo_running() and time.monotonic() < deadline:
+            time.sleep(1)
+    workload = Workload.objects.get()
+    assert workload.status == "hung", "a job aborted while hung must stay hung"
+    assert workload.ranks.count() == 16
+    jobs = {job.kind: job for job in AnalysisJob.objects.filter(workload=workload)}
+    assert {kind: job.state for kind, job in jobs.items()} == dict.fromkeys(
+        ["hang", "stragglers", "steps", "perf"], "done"
+    )
+    assert jobs["hang"].result["root_cause_ranks"] == [5]
+    assert 6 in jobs["stragglers"].result["culprits"]
+
+    page.reload()
+    page.screenshot(path=artifacts / "22-demo-finished.png", full_page=True)
+    page.click(f"#analysis a[href$='/analyses/{jobs['hang'].pk}/']")
+    assert "rank" in page.inner_text("main").lower()
+    page.screenshot(path=artifacts / "23-demo-hang.png", full_page=True)
+    page.goto(f"{live_server.url}/workloads/{workload.pk}/topology/")
+    page.wait_for_selector("[data-chart='topology-chart'][data-chart-ready]")
+    page.screenshot(path=artifacts / "24-demo-topology.png", full_page=True)

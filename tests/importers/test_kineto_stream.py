@@ -1,0 +1,99 @@
+"""The streaming Kineto reader gives exactly the table of the whole document parsed at once.
+
+The reference parses the whole trace with the standard library and maps every event; the
+importer reads pieces, parses only the events that can matter, and keeps only their useful
+fields. Traces are generated (a realistic mix of events) and bent into the awkward forms JSON
+allows: escapes that spell the names, brackets and quotes inside strings, NaN, huge integers,
+non-object elements, a repeated traceEvents key, and chunk boundaries anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from evidence_samples import kineto_trace
+
+from comminsight.importers import EvidenceError, kineto
+from comminsight.importers.columns import concat
+
+
+def _reference(path: Path) -> pa.Table:
+    """The trace parsed whole by ``json.loads``, then mapped."""
+    text = path.read_bytes()
+    return concat([kineto._load_one(path, json.loads(text))])
+
+
+def _escape_all(text: str) -> str:
+    return "".join(f"\\u{ord(c):04x}" for c in text)
+
+
+def _awkward(trace: dict, seed: int) -> str:
+    """The trace as JSON text with every awkward form a parser must get right."""
+    rng = random.Random(seed)
+    events = trace["traceEvents"]
+    for i, event in enumerate(events):
+        roll = rng.random()
+        if roll < 0.05:
+            event["args"] = {**event.get("args", {}), "note": 'a "quoted" ]} [{ text \\ with, brackets'}
+        elif roll < 0.07:
+            event["args"] = {**event.get("args", {}), "nested": [[{"a": [1, {"b": [2]}]}]]}
+        elif roll < 0.08:
+            events[i] = rng.choice([5, "nccl", [1, 2], None])
+    text = json.dumps(trace, indent=rng.choice([None, 1]))
+    # Names spelled with \u escapes, which read the same once parsed.
+    text = text.replace('"record_param_comms"', '"' + _escape_all("record_param_comms") + '"', 3)
+    text = text.replace('"kernel"', '"' + _escape_all("kernel") + '"', 3)
+    text = text.replace('"ProfilerStep#1"', '"' + _escape_all("ProfilerStep#1") + '"')
+    # NaN and an integer past 64 bits, which only the standard parser admits.
+    text = text.replace('"dur": 3.5', '"dur": NaN', 5)
+    text = text.replace('"Sequence number": 7,', '"Sequence number": 123456789012345678901234567890,')
+    return text
+
+
+@pytest.mark.parametrize("chunk", [64 << 10, 4099, 8 << 20])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_streamed_table_equals_the_whole_document_reference(tmp_path, monkeypatch, chunk, seed):
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", chunk)
+    path = tmp_path / f"rank{seed}.pt.trace.json"
+    path.write_text(_awkward(kineto_trace(seed, 4, 3000, seed=seed, nccl_every=7), seed))
+    streamed = kineto.load(path)
+    assert streamed.num_rows > 0
+    assert streamed.equals(_reference(path))
+
+
+def test_the_last_trace_events_key_wins_as_in_a_whole_document_parse(tmp_path):
+    first = kineto_trace(0, 2, 10)  # one step
+    second = kineto_trace(0, 2, 3000, seed=5)  # four
+    text = json.dumps(first)[:-1] + ', "traceEvents": ' + json.dumps(second["traceEvents"]) + "}"
+    path = tmp_path / "rank0.json"
+    path.write_text(text)
+    table = kineto.load(path)
+    assert table.equals(_reference(path))
+    assert table.num_rows > kineto.load(_write(tmp_path / "rank0a.json", first)).num_rows
+
+
+def _write(path: Path, trace: dict) -> Path:
+    path.write_text(json.dumps(trace))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"schemaVersion": 1, "traceEvents": [{"name": "x"}]', "not valid JSON"),
+        ('{"schemaVersion": 1, "traceEvents": [{"name": "x"}]}}', "never opened"),
+        ('{"schemaVersion": 1, "traceEvents": [{"name": "nccl", "ts": tru}]}', "not valid JSON"),
+        ('{"schemaVersion": 1, "traceEvents": [{"name": "x"}}', "traceEvents closes"),
+        ('{"schemaVersion": 1, "traceEvents": {"a": 1}}', "no 'traceEvents' list"),
+        ('{"schemaVersion": 1, "traceEvents": []} {"more": 1}', "not valid JSON"),
+    ],
+)
+def test_broken_documents_are_refused_with_the_reason(tmp_path, text, message):
+    path = tmp_path / "rank0.json"
+    path.write_text(text)
+    with pytest.raises(EvidenceError, match=message):
+        kineto.load(path)

@@ -1,0 +1,166 @@
+"""Straggler attribution on generated jobs it was not tuned on, against the generator's own truth.
+
+Each job is a ByteDance-format trace (compute rows, communication rows, dp/pp/tp coordinates)
+written by ``comminsight.simulator.tracegen`` and read back through the table importer, as a user's
+trace would be. The generator knows which ranks it slowed and what the job would have taken with
+every operation at its nominal duration (``truth["slowdown"]``) or at its mean over ranks and steps
+(``truth["slowdown_vs_mean"]``, the what-if study's ideal). Tolerance: 10%.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from comminsight.analysis.stragglers import analyse_stragglers
+from comminsight.importers import load
+from comminsight.simulator.tracegen import Fault, GeneratedJob, Layout, generate, write_kineto
+
+TOLERANCE = 0.10
+MEGATRON_64 = Layout(tp=4, pp=4, dp=4)
+CP_128 = Layout(pp=2, dp=32, cp=2)
+SMALL = Layout(tp=2, pp=2, dp=2)
+MID = Layout(tp=2, pp=2, dp=4)
+
+
+def _late_by(layout: Layout, share: float) -> float:
+    """A delay of ``share`` of the job's ideal step, in ms."""
+    return share * generate(layout, steps=2, noise=0.0).truth["ideal_step_s"] * 1e3
+
+
+JOBS: dict[str, tuple[Layout, tuple[Fault, ...], dict]] = {
+    "64 GPUs TP4xPP4xDP4, DP group 1 computes 2x slower": (
+        MEGATRON_64,
+        (Fault("compute", {"dp": 1}, factor=2.0),),
+        {"group": "dp=1"},
+    ),
+    "128 GPUs DP32xPP2xCP2, backward of stage 1 1.4x slower": (
+        CP_128,
+        (Fault("compute", {"pp": 1}, factor=1.4, phase="backward"),),
+        {"group": "pp=1"},
+    ),
+    "16 GPUs, one data-parallel communicator's transfers 4x slower": (
+        MID,
+        (Fault("comm", {"pp": 1, "tp": 0}, factor=4.0, group="dp"),),
+        {"group": "comm=dp:pp1tp0"},
+    ),
+    "16 GPUs, P2P between the stages of one pipeline 30x slower": (
+        MID,
+        (Fault("comm", {"dp": 2, "tp": 1}, factor=30.0, group="pp"),),
+        {"group": "comm=pp:dp2cp0tp1"},
+    ),
+    "8 GPUs, rank 1 late by 3% of the step before its TP all-reduce": (
+        SMALL,
+        (Fault("late", {"rank": 1}, delay_ms=_late_by(SMALL, 0.03), before="tp-all-reduce"),),
+        {"group": "rank=1"},
+    ),
+}
+
+
+@cache
+def _job(name: str, seed: int = 0) -> tuple[GeneratedJob, pl.DataFrame]:
+    layout, faults, _ = JOBS[name]
+    job = generate(layout, steps=5, faults=faults, seed=seed)
+    return job, job.table
+
+
+def _read_back(job: GeneratedJob, tmp_path: Path) -> pl.DataFrame:
+    table = pl.from_arrow(load(job.write(tmp_path / "trace.parquet")))
+    assert isinstance(table, pl.DataFrame)
+    return table
+
+
+@pytest.mark.parametrize("name", list(JOBS))
+def test_the_generated_culprit_is_named_and_no_healthy_rank_beside_it(name: str, tmp_path: Path) -> None:
+    job, _ = _job(name)
+    report = analyse_stragglers(_read_back(job, tmp_path))
+    assert report.evidence == "ok"
+    assert [g["group"] for g in report.culprit_groups] == [JOBS[name][2]["group"]]
+    assert sorted(report.culprits) == job.truth["culprits"]
+
+
+@pytest.mark.parametrize("name", list(JOBS))
+def test_the_slowdown_is_estimated_within_ten_percent_of_the_generators_ideal(name: str, tmp_path: Path) -> None:
+    job, _ = _job(name)
+    sd = analyse_stragglers(_read_back(job, tmp_path)).slowdown
+    truth = job.truth
+    print(
+        f"\n{name}: x{sd['ratio']:.3f} vs x{truth['slowdown_vs_mean']:.3f} (mean ideal); "
+        f"x{sd['healthy_ratio']:.3f} vs x{truth['slowdown']:.3f} (healthy ideal)"
+    )
+    assert sd["replay_error"] < 0.01
+    assert abs(sd["ratio"] / truth["slowdown_vs_mean"] - 1.0) <= TOLERANCE
+    assert abs(sd["healthy_ratio"] / truth["slowdown"] - 1.0) <= TOLERANCE
+
+
+def test_removing_or_restoring_any_subset_never_reads_as_a_speed_up(tmp_path: Path) -> None:
+    job, _ = _job("64 GPUs TP4xPP4xDP4, DP group 1 computes 2x slower")
+    report = analyse_stragglers(_read_back(job, tmp_path))
+    for kind, entries in report.attribution.items():
+        for entry in entries:
+            assert entry["slowdown_ratio"] >= 1.0 - 1e-9, (kind, entry)
+            assert entry.get("gain_without", 1.0) >= 1.0 - 1e-9, (kind, entry)
+    for values in report.by_coordinate.values():
+        assert all(v["slowdown_ratio"] >= 1.0 - 1e-9 for v in values.values())
+    slow_dp = next(e for e in report.attribution["dp"] if e["subset"] == "1")
+    assert slow_dp["slowdown_ratio"] == max(e["slowdown_ratio"] for e in report.attribution["dp"])
+    # The slow group's compute explains it, not its communication.
+    group = report.culprit_groups[0]
+    assert group["compute_ratio"] > group["communication_ratio"]
+
+
+def test_the_late_ranks_tensor_parallel_partner_is_not_named(tmp_path: Path) -> None:
+    job, _ = _job("8 GPUs, rank 1 late by 3% of the step before its TP all-reduce")
+    report = analyse_stragglers(_read_back(job, tmp_path))
+    assert report.culprits == [1]
+    # Its partner waited for it in every all-reduce: an effect, visible as a waiting edge.
+    assert any(e["waiter"] == 0 and e["waited_for"] == 1 for e in report.waiting_edges)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_noisy_job_without_a_straggler_names_no_one(seed: int, tmp_path: Path) -> None:
+    job = generate(MID, steps=6, noise=0.05, seed=seed)
+    report = analyse_stragglers(_read_back(job, tmp_path))
+    assert report.culprits == []
+    assert report.evidence == "ok"
+
+
+def test_per_step_results_carry_the_jobs_own_step_ids(tmp_path: Path) -> None:
+    job, _ = _job("8 GPUs, rank 1 late by 3% of the step before its TP all-reduce")
+    report = analyse_stragglers(_read_back(job, tmp_path))
+    assert [s["step"] for s in report.per_step] == job.truth["steps"]
+    assert report.heatmap["steps"] == job.truth["steps"]
+    row = report.heatmap["ranks"].index(1)
+    late = report.heatmap["delay_ms"][row]
+    others = [d for r, d in zip(report.heatmap["ranks"], report.heatmap["delay_ms"], strict=True) if r != 1]
+    assert all(v > max(o[i] for o in others) for i, v in enumerate(late))
+
+
+def test_evidence_without_timings_says_it_cannot_answer(tmp_path: Path) -> None:
+    job, _ = _job("8 GPUs, rank 1 late by 3% of the step before its TP all-reduce")
+    table = _read_back(job, tmp_path).with_columns(
+        start_ns=pl.lit(None, dtype=pl.Int64), end_ns=pl.lit(None, dtype=pl.Int64)
+    )
+    report = analyse_stragglers(table)
+    assert report.evidence.startswith("insufficient")
+    assert "timings" in report.evidence
+    assert report.culprits == []
+
+
+def test_kineto_traces_of_a_rank_sleeping_before_backward_name_that_rank(tmp_path: Path) -> None:
+    # 8 ranks, ~1.45 s steps under the profiler, rank 5 sleeps 40 ms on the CPU before backward.
+    truth = write_kineto(tmp_path / "traces", ranks=8, steps=8, slow_rank=5, sleep_ms=40.0)
+    report = analyse_stragglers(load(tmp_path / "traces"))
+    assert report.culprits == truth["culprits"]
+    assert report.culprit_groups[0]["saves_ms_per_step"] > 0
+    assert abs(report.slowdown["ratio"] / truth["slowdown"] - 1.0) <= TOLERANCE
+    assert {e["waited_for"] for e in report.waiting_edges[:7]} == {5}
+
+
+def test_kineto_traces_without_a_straggler_name_no_one(tmp_path: Path) -> None:
+    write_kineto(tmp_path / "traces", ranks=8, steps=8, seed=4)
+    report = analyse_stragglers(load(tmp_path / "traces"))
+    assert report.culprits == []
