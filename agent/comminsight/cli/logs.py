@@ -129,7 +129,7 @@ def show(
         files = rawlog.segment_files(path)
         segments = [rawlog.read_any(f) for f in files]
     except (rawlog.RawLogError, OSError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from exc
     tables = [s.table for s in segments if s.table.num_rows]
     records = pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
