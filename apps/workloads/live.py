@@ -9,15 +9,23 @@ Status rules (documented in docs/formats/upload.md):
 - ``finished``: every node heard from recently said ``finished``;
 - ``running``: otherwise;
 - ``lost``: no heartbeat for ``COMMINSIGHT_WORKLOAD_LOST_AFTER_S`` (set by the periodic task).
+
+Root cause across nodes that report separately (each its own master): while the workload is hung, each
+agent sends its nodes' diagnosis evidence (``evidence``: raw records, capped by the agent) with its
+heartbeat. The site keeps the latest per node in the cache (never in the heartbeat row, which every
+heartbeat re-reads) and ``live_root_cause_merge`` runs the agent's chain analysis over all of them in a
+worker; the merged answer (``root_cause.merged``) then stands for the workload until it stops being hung.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.dispatch import Signal
 from django.utils import timezone
@@ -103,6 +111,13 @@ def _root_cause(hang: Any, node: str) -> dict[str, Any] | None:
     }
 
 
+def _kept_root_cause(summary: dict[str, Any], previous: dict[str, Any] | None, status: str) -> None:
+    """A root cause merged across nodes stands while the workload stays hung (a heartbeat names its node's)."""
+    merged = (previous or {}).get("root_cause")
+    if status == WorkloadStatus.HUNG and isinstance(merged, dict) and merged.get("merged"):
+        summary["root_cause"] = merged
+
+
 def _progressed(previous: dict[str, Any] | None, summary: dict[str, Any]) -> bool:
     """Whether some communicator completed an operation since the ``previous`` summary."""
     before = {c["comm_hash"]: c.get("max_seq", -1) for c in (previous or {}).get("communicators") or []}
@@ -124,8 +139,13 @@ def _status(
 
 
 def live_record_heartbeat(*, token: AgentToken, heartbeat: dict[str, Any]) -> Workload:
-    """Keep ``heartbeat`` as its node's latest and recompute the workload's status. ``heartbeat`` is validated."""
+    """Keep ``heartbeat`` as its node's latest and recompute the workload's status. ``heartbeat`` is validated.
+
+    Its ``evidence`` (diagnosis records) goes to the cache, not the heartbeat row; once the workload is hung
+    and two or more nodes sent evidence, the root cause is merged across them in a worker."""
     now = timezone.now()
+    heartbeat = dict(heartbeat)
+    evidence = heartbeat.pop("evidence", None)
     fresh_since = now - timedelta(seconds=settings.WORKLOAD_LOST_AFTER_S)
     with transaction.atomic():
         workload, _ = Workload.objects.get_or_create(
@@ -147,12 +167,15 @@ def live_record_heartbeat(*, token: AgentToken, heartbeat: dict[str, Any]) -> Wo
         }
         summary = live_summary(latest)
         workload.status = _status(latest, summary, workload.status, workload.live_summary)
+        _kept_root_cause(summary, workload.live_summary, workload.status)
         workload.live_summary = summary
         workload.first_seen_at = workload.first_seen_at or now
         workload.last_seen_at = now
         # Only the live fields: ingest updates the time range of the same row concurrently.
         workload.save(update_fields=["live_summary", "status", "first_seen_at", "last_seen_at", "updated_at"])
         transaction.on_commit(lambda: publish_status(workload))
+        if evidence:
+            _evidence_keep(workload, node.name, evidence)
     heartbeat_recorded.send_robust(Workload, workload=workload, node=node.name, heartbeat=heartbeat, at=now)
     return workload
 
@@ -194,3 +217,90 @@ def mark_lost_workloads() -> int:
     return Workload.objects.filter(
         status__in=[WorkloadStatus.RUNNING, WorkloadStatus.HUNG], last_seen_at__lt=cutoff
     ).update(status=WorkloadStatus.LOST)
+
+
+# --- Root cause across nodes that report separately -------------------------------------------------------
+
+EVIDENCE_NODES_MAX = 4096  # per workload, like a master's slaves
+
+
+def _evidence_key(workload_id: int, node: str) -> str:
+    return f"live-evidence:{workload_id}:{hashlib.sha256(node.encode()).hexdigest()[:32]}"
+
+
+def _evidence_keep(workload: Workload, node: str, evidence: list[dict[str, Any]]) -> None:
+    """Keep a node's latest evidence (as long as a heartbeat counts as fresh) and, while the workload is hung,
+    have a worker merge the root cause across nodes once the heartbeat's transaction committed."""
+    cache.set(_evidence_key(workload.pk, node), evidence, timeout=settings.WORKLOAD_LOST_AFTER_S)
+    if workload.status == WorkloadStatus.HUNG:
+        from .tasks import merge_live_root_cause
+
+        workload_id = workload.pk
+        transaction.on_commit(lambda: merge_live_root_cause.delay(workload_id), robust=True)
+
+
+def _node_evidence(name: str, items: Any) -> list[Any]:
+    """Parsed evidence of one heartbeat: ``[{"node", "records", "pid_rank"}, ...]``; bad entries skipped."""
+    from comminsight.agent.diagnosis import NodeEvidence
+
+    out = []
+    for item in items if isinstance(items, list) else []:
+        node = item.get("node") if isinstance(item, dict) else None
+        try:
+            out.append(NodeEvidence.from_json(str(node or name)[:200], item))
+        except (ValueError, TypeError) as exc:
+            logger.warning("evidence of node %s (from %s) unusable: %s", node, name, exc)
+    return out
+
+
+def live_root_cause_merge(workload_id: int) -> dict[str, Any] | None:
+    """Run the chain analysis over the evidence of every fresh node of a hung workload (one answer across
+    nodes that report separately); store it in ``live_summary.root_cause`` and tell open pages. Returns it,
+    or None when there is nothing to merge (fewer than two nodes sent evidence, or nothing changed)."""
+    from comminsight.agent.diagnosis import diagnose
+
+    fresh_since = timezone.now() - timedelta(seconds=settings.WORKLOAD_LOST_AFTER_S)
+    names = list(
+        Node.objects.filter(workload_id=workload_id, last_heartbeat_at__gte=fresh_since)
+        .order_by("name")
+        .values_list("name", flat=True)[:EVIDENCE_NODES_MAX]
+    )
+    stored = cache.get_many([_evidence_key(workload_id, n) for n in names])
+    evidence, digest, senders = [], hashlib.sha256(), []
+    for name in names:
+        items = stored.get(_evidence_key(workload_id, name))
+        if not items:
+            continue
+        parsed = _node_evidence(name, items)
+        if parsed:
+            senders.append(name)
+            evidence.extend(parsed)
+            for e in parsed:
+                digest.update(e.node.encode() + b"\0" + e.records.tobytes())
+    if len(senders) < 2:
+        return None  # one node's own diagnosis (in its heartbeat) is already the whole answer
+    fingerprint = digest.hexdigest()[:32]
+    current = (Workload.objects.filter(pk=workload_id).values_list("live_summary", flat=True).first()) or {}
+    if (current.get("root_cause") or {}).get("fingerprint") == fingerprint:
+        return None
+    result = diagnose(evidence)
+    if result is None:
+        return None
+    root_cause = {
+        "ranks": [int(r) for r in result["root_cause_ranks"]],
+        "node": None,
+        "nodes": senders,
+        "first_stuck": result["first_stuck"],
+        "summary": str(result["summary"])[:500],
+        "merged": True,
+        "fingerprint": fingerprint,
+    }
+    with transaction.atomic():
+        workload = Workload.objects.select_for_update().filter(pk=workload_id).first()
+        if workload is None or workload.status != WorkloadStatus.HUNG:
+            return None
+        workload.live_summary = {**(workload.live_summary or {}), "root_cause": root_cause}
+        workload.save(update_fields=["live_summary", "updated_at"])
+        transaction.on_commit(lambda: publish_status(workload))
+    logger.error("workload %s: hang root cause across %d nodes: %s", workload_id, len(senders), root_cause["summary"])
+    return root_cause

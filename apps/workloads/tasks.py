@@ -50,3 +50,9 @@ def requeue_stale_archives() -> int:
 def expire_abandoned_uploads() -> int:
     """Remove open uploads idle for a week (bytes and rows)."""
     return uploads.uploads_expire()
+
+
+@shared_task(soft_time_limit=60, time_limit=90, autoretry_for=(OperationalError, InterfaceError), max_retries=3)
+def merge_live_root_cause(workload_id: int) -> bool:
+    """Name the root cause of a hung workload across nodes that report separately (idempotent)."""
+    return live.live_root_cause_merge(workload_id) is not None

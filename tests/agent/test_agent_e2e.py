@@ -170,12 +170,10 @@ def test_live_hang_names_communicator_op_and_ranks_that_never_entered(home: Path
     try:
         wait_for(lambda: all(p.exists() for p in ready))
         wait_for(lambda: len(agent.get("/api/v1/inflight").json()["inflight"]) == 3, timeout=20)
-        entered_at = time.monotonic()
         threshold = agent.get("/api/v1/inflight").json()["inflight"][0]["threshold_s"]
         assert threshold == 1.0  # the floor: these ops normally take microseconds
-        hang = wait_for(lambda: (h := agent.get("/api/v1/hang").json())["hang"] and h, timeout=threshold + 5)
-        # the in-flight snapshot was already up to one poll old when we saw it; allow scheduling slack
-        assert time.monotonic() - entered_at <= threshold + 0.05 + 2.0
+        # When it is raised is tested on a simulated clock (test_state.py); here: that it is, and what it names.
+        hang = wait_for(lambda: (h := agent.get("/api/v1/hang").json())["hang"] and h, timeout=threshold + 60)
         s = hang["suspicions"][0]
         assert s["comm_hash"] == "0xfeedface00000001"
         assert s["op"] == "AllReduce"

@@ -149,18 +149,15 @@ def test_simulated_hang_is_named_on_the_live_api(home: Path, start_agent) -> Non
     )
     try:
         first_inflight = wait_for(lambda: agent.get("/api/v1/inflight").json()["inflight"], timeout=30)
-        seen_at = time.monotonic()
         threshold = first_inflight[0]["threshold_s"]
-        age = first_inflight[0]["age_s"]
 
         def named():
             hang = agent.get("/api/v1/hang").json()
             earliest = [s for s in hang["suspicions"] if s["earliest_on_communicator"]]
             return earliest and earliest[0]["never_entered"] == [2] and earliest[0]
 
-        # the snapshot reaches the agent once the profiler's own 1 s threshold passed (age >= 1 s)
-        suspicion = wait_for(named, timeout=threshold + 10, interval=poll)
-        assert time.monotonic() - seen_at <= max(0.0, threshold - age) + poll + 1.5
+        # When it is raised is tested on a simulated clock (test_state.py); here: that it is, and what it names.
+        suspicion = wait_for(named, timeout=threshold + 60, interval=poll)
         truth_blocked = None
         job.wait(60)
         truth = json.loads((home / "ground_truth.json").read_text())

@@ -133,3 +133,31 @@ def test_a_master_agent_names_a_root_cause_that_sits_on_a_slave(tmp_path) -> Non
     beat = master.live_payload()
     assert beat["hang"]["root_cause_ranks"] == [6]
     assert beat["steps"] == [slave_step]  # the slave's latest step travels in the master's heartbeat
+
+
+def test_evidence_sent_to_another_agent_or_the_site_is_capped_keeping_operations_in_flight_first() -> None:
+    state = job_state(stuck_rank=5, n=8, done=10)
+    evidence = NodeEvidence("n", state.evidence_records(), dict(state.pid_global_rank))
+    inflight = evidence.records["state"] == C["CI_STATE_INFLIGHT"]
+    capped = evidence.capped(int(inflight.sum()) + 2)
+    assert len(capped.records) == int(inflight.sum()) + 2
+    assert (capped.records["state"] == C["CI_STATE_INFLIGHT"]).sum() == inflight.sum()
+    assert evidence.capped(len(evidence.records)) is evidence  # under the cap: sent whole
+
+
+def test_a_master_sends_its_evidence_to_the_site_while_the_site_says_the_job_is_hung(tmp_path) -> None:
+    from comminsight.agent.config import load_config
+    from comminsight.agent.daemon import Agent
+
+    config = load_config(env={"COMMINSIGHT_AGENT_SAMPLE_INTERVAL": "0", "NODE_IP": "10.0.0.2"}, home=tmp_path)
+    agent = Agent(config)
+    job = job_state(stuck_rank=6)
+    for pid, rank in job.pid_global_rank.items():
+        agent.state.set_global_rank(pid, rank)
+    agent.state.apply("local", job.evidence_records())
+    assert "evidence" not in agent.report_payload()  # nothing suspected here, the site said nothing
+    agent.reporter.site_status = "hung"  # another node's agent reported the hang to the site
+    sent = agent.report_payload()["evidence"]
+    assert [e["node"] for e in sent] == ["10.0.0.2"]
+    parsed = NodeEvidence.from_json("10.0.0.2", sent[0])
+    assert len(parsed.records) == len(job.evidence_records())

@@ -174,3 +174,100 @@ def test_lagging_ranks_are_global_ranks_not_indices_inside_the_communicator(agen
     workload = Workload.objects.get(external_id="job-live")
     assert workload.live_summary["lagging_ranks"] == [5]
     assert workload.live_summary["communicators"][0]["lagging_ranks"] == [5]
+
+
+# --- Root cause across nodes that report separately --------------------------------------------------------
+
+WORLD = 0x5151
+
+
+def node_evidence(node: str, ranks: range, stuck: int) -> dict:
+    """One node's diagnosis evidence as an agent sends it: per rank the last completed all-reduce (seq 9)
+    and, for every rank but ``stuck``, the next one (seq 10) in flight for a minute."""
+    import base64
+    import time
+
+    import numpy as np
+
+    from comminsight.formats import header
+
+    C = header.constants()
+    rows = []
+    t0 = time.time_ns() - 60_000_000_000
+    for rank in ranks:
+        for seq, state in ((9, C["CI_STATE_COMPLETED"]), (10, C["CI_STATE_INFLIGHT"])):
+            if seq == 10 and rank == stuck:
+                continue
+            r = np.zeros(1, header.record_dtype())
+            r["kind"], r["state"], r["rank"], r["nranks"], r["nnodes"] = C["CI_KIND_COLL"], state, rank, 8, 2
+            r["peer"], r["pid"], r["comm_hash"], r["seq"], r["record_seq"] = -1, 1000 + rank, WORLD, seq, seq
+            r["bytes"], r["func"], r["comm_name"] = 1 << 20, b"AllReduce", b"world"
+            r["enqueue_start_ns"] = r["enqueue_end_ns"] = t0 + seq * 1000
+            r["complete_ns"] = t0 + seq * 1000 + 500 if state == C["CI_STATE_COMPLETED"] else 0
+            rows.append(r)
+    records = np.concatenate(rows)
+    header.seal_records(records)
+    pid_rank = {str(1000 + rank): rank for rank in ranks}
+    return {"node": node, "records": base64.b64encode(records.tobytes()).decode(), "pid_rank": pid_rank}
+
+
+def beat_with_evidence(client: Client, node: str, ranks: range, hang=None):
+    body = {
+        "workload_id": "job-live",
+        "node": node,
+        "communicators": [{"comm_hash": f"0x{WORLD:016x}", "nranks": 8, "last_completed_seq": 9}],
+        "hang": hang,
+        "evidence": [node_evidence(node, ranks, stuck=6)],
+    }
+    return client.post(reverse("api-ingest-live"), body, content_type="application/json")
+
+
+def test_nodes_that_report_separately_get_one_root_cause_across_them(agent, alice, django_capture_on_commit_callbacks):
+    # n1 (ranks 0-3) waits inside the all-reduce and, alone, blames the ranks it cannot see; n2 (ranks 4-7)
+    # suspects nothing itself but sends its evidence because the site says the job is hung.
+    own = {"suspicions": [{"comm_hash": f"0x{WORLD:016x}"}], "root_cause_ranks": [4, 5, 6, 7], "summary": "n1 alone"}
+    with django_capture_on_commit_callbacks(execute=True):
+        assert beat_with_evidence(agent, "n1", range(0, 4), hang=own).json()["status"] == "hung"
+    with django_capture_on_commit_callbacks(execute=True):
+        beat_with_evidence(agent, "n2", range(4, 8))
+    workload = Workload.objects.get(external_id="job-live")
+    root_cause = workload.live_summary["root_cause"]
+    assert root_cause["ranks"] == [6]
+    assert root_cause["nodes"] == ["n1", "n2"]
+    assert root_cause["first_stuck"]["seq"] == 10
+    # n1's next heartbeat (its own partial answer) does not replace the answer across nodes.
+    with django_capture_on_commit_callbacks(execute=True):
+        beat_with_evidence(agent, "n1", range(0, 4), hang=own)
+    assert Workload.objects.get(pk=workload.pk).live_summary["root_cause"]["ranks"] == [6]
+    page = alice.get(reverse("workloads:detail", args=[workload.pk])).content.decode()
+    assert 'id="root-cause"' in page
+    assert "all_reduce seq 10" in page
+    assert "root cause: rank 6" in alice.get(reverse("workloads:list")).content.decode()
+
+
+def test_diagnosis_evidence_is_not_kept_in_the_heartbeat_row(agent):
+    beat_with_evidence(agent, "n1", range(0, 4), hang={"suspicions": [{"comm_hash": "0xaa"}]})
+    assert "evidence" not in Node.objects.get(name="n1").last_heartbeat
+
+
+def test_unusable_evidence_is_skipped_and_the_heartbeat_still_counts(agent, django_capture_on_commit_callbacks):
+    hang = {"suspicions": [{"comm_hash": "0xaa"}]}
+    with django_capture_on_commit_callbacks(execute=True):
+        beat_with_evidence(agent, "n1", range(0, 4), hang=hang)
+        body = {"workload_id": "job-live", "node": "n2", "evidence": [{"records": "not base64!", "pid_rank": {}}]}
+        assert agent.post(reverse("api-ingest-live"), body, content_type="application/json").status_code == 202
+    workload = Workload.objects.get(external_id="job-live")
+    assert workload.status == WorkloadStatus.HUNG
+    assert "root_cause" not in workload.live_summary
+    assert Node.objects.filter(workload=workload).count() == 2
+
+
+def test_a_merged_root_cause_goes_when_the_job_runs_again(agent, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        beat_with_evidence(agent, "n1", range(0, 4), hang={"suspicions": [{"comm_hash": "0xaa"}]})
+        beat_with_evidence(agent, "n2", range(4, 8))
+    assert Workload.objects.get(external_id="job-live").live_summary["root_cause"]["merged"]
+    beat(agent, "n1", 11)
+    workload = Workload.objects.get(external_id="job-live")
+    assert workload.status == WorkloadStatus.RUNNING
+    assert "root_cause" not in workload.live_summary

@@ -22,7 +22,7 @@ from comminsight.agent import AGENT_VERSION
 from comminsight.agent.archiver import Archiver
 from comminsight.agent.cluster import ClusterView
 from comminsight.agent.config import AgentConfig
-from comminsight.agent.diagnosis import NodeEvidence, diagnose
+from comminsight.agent.diagnosis import SENT_EVIDENCE_RECORDS, NodeEvidence, diagnose
 from comminsight.agent.ingest import Ingest, atomic_write_json
 from comminsight.agent.providers import build_providers
 from comminsight.agent.samplers import Samplers
@@ -40,6 +40,7 @@ log = logging.getLogger("comminsight.agent")
 FINAL_DELIVERY_S = 10.0
 SEAL_ACK_WAIT_S = 2.0  # how long a seal waits for the writers to seal their open segments on request
 DIAGNOSIS_INTERVAL_S = 2.0  # re-run the live chain analysis at most this often while a hang is suspected
+HEARTBEAT_EVIDENCE_RECORDS = 1536  # diagnosis records in one heartbeat to the site, all nodes (~520 KiB of JSON)
 
 
 class AlreadyRunning(RuntimeError):
@@ -256,6 +257,14 @@ class Agent:
                 except (ValueError, TypeError) as exc:
                     log.warning("evidence from node %s unusable: %s", node, exc)
         return items
+
+    def heartbeat_evidence(self) -> list[dict[str, Any]]:
+        """This master's nodes' evidence for the site, capped to ``HEARTBEAT_EVIDENCE_RECORDS`` in all."""
+        items = [e for e in self.evidence() if len(e.records)]
+        if not items:
+            return []
+        share = min(SENT_EVIDENCE_RECORDS, max(64, HEARTBEAT_EVIDENCE_RECORDS // len(items)))
+        return [{"node": e.node, **e.capped(share).to_json()} for e in items]
 
     def refresh_group_names(self) -> None:
         """Join the hook's process-group tables (<home>/metadata) to the live communicators.
@@ -519,14 +528,22 @@ class Agent:
 
     def report_live(self, final: bool = False) -> None:
         if self.reporter.target:
-            payload = self.live_payload()
-            if self.config.mode == "slave":
-                # To the master: the suspicions as a list (ClusterView merges them) and the evidence
-                # its live chain analysis needs from this node.
-                payload["hang"] = list(self.state.suspicions.values())
-                payload["evidence"] = self.evidence()[0].to_json()
-            payload["finished"] = final and not self._writers_alive()
-            self.reporter.post(payload)
+            self.reporter.post(self.report_payload(final))
+
+    def report_payload(self, final: bool = False) -> dict[str, Any]:
+        """The live report: to the master (slave mode) or the site, with diagnosis evidence when it helps."""
+        payload = self.live_payload()
+        if self.config.mode == "slave":
+            # To the master: the suspicions as a list (ClusterView merges them) and the evidence
+            # its live chain analysis needs from this node.
+            payload["hang"] = list(self.state.suspicions.values())
+            payload["evidence"] = self.evidence()[0].capped().to_json()
+        elif self.state.suspicions or self.diagnosis or self.reporter.site_status == "hung":
+            # To the site: every node's evidence while a hang is suspected here or anywhere in the job,
+            # so the site can run the chain analysis across masters that report separately.
+            payload["evidence"] = self.heartbeat_evidence()
+        payload["finished"] = final and not self._writers_alive()
+        return payload
 
     def _writers_alive(self) -> bool:
         """Whether any writer process of a ring on this node still runs (the job is not finished)."""

@@ -28,6 +28,9 @@ from comminsight.importers import EvidenceError
 from comminsight.importers import rawlog as rawlog_importer
 
 MAX_EVIDENCE_RECORDS = 1 << 18  # per node; a report beyond this is refused (64 MiB of records)
+# What one report or heartbeat carries per node (records of 256 bytes, base64: ~460 KiB of JSON), so a
+# heartbeat stays well under the site's 1 MiB limit and a slave's report under the master's 8 MiB.
+SENT_EVIDENCE_RECORDS = 1024
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,22 @@ class NodeEvidence:
             "records": base64.b64encode(self.records.tobytes()).decode(),
             "pid_rank": {str(k): v for k, v in self.pid_rank.items()},
         }
+
+    def capped(self, max_records: int = SENT_EVIDENCE_RECORDS) -> NodeEvidence:
+        """At most ``max_records`` records, those that name where progress stopped first.
+
+        Operations in flight come first (the oldest first: the lowest stuck seq is where a chain starts),
+        then each stream's last completion, the least advanced first: the ranks that stopped earliest are
+        the ones the chain analysis must still see. What is left out is only ever ahead of what is kept.
+        """
+        records = self.records
+        if len(records) <= max_records:
+            return self
+        consts = header.constants()
+        inflight = np.isin(records["state"], [consts["CI_STATE_INFLIGHT"], consts["CI_STATE_TIMEOUT"]])
+        # Sort key: in flight before completed, then by when the op was issued.
+        order = np.lexsort((records["enqueue_end_ns"], ~inflight))
+        return NodeEvidence(self.node, records[np.sort(order[:max_records])], self.pid_rank)
 
     @classmethod
     def from_json(cls, node: str, doc: Any) -> NodeEvidence:

@@ -145,6 +145,9 @@ class LiveReporter:
             headers["Authorization"] = f"Bearer {config.token}"
         self.client = client or httpx.Client(timeout=min(config.upload_timeout, 10.0), headers=headers)
         self.failures = 0
+        # The workload's status as the site last answered it: a node that sees nothing wrong itself still
+        # sends its diagnosis evidence while the site says the job is hung (the site merges the nodes).
+        self.site_status = ""
 
     @property
     def target(self) -> str:
@@ -167,4 +170,10 @@ class LiveReporter:
             self.failures += 1
             log.warning("live report to %s answered %d", self.target, response.status_code)
             return False
+        if self.config.mode != "slave":
+            try:
+                answer = response.json()
+            except ValueError:
+                answer = None
+            self.site_status = str(answer.get("status", "")) if isinstance(answer, dict) else ""
         return True

@@ -76,6 +76,9 @@ class HeartbeatSerializer(serializers.Serializer):
     devices = serializers.ListField(child=serializers.DictField(), max_length=4096, required=False, allow_null=True)
     nics = serializers.ListField(child=serializers.DictField(), max_length=4096, required=False, allow_null=True)
     agent = serializers.DictField(required=False, allow_null=True)
+    # Diagnosis evidence while a hang is suspected: per node, base64 records and pid -> global rank
+    # (docs/formats/upload.md); decoded and checksum-verified by the worker that merges the root cause.
+    evidence = serializers.ListField(child=serializers.DictField(), max_length=4096, required=False, allow_null=True)
 
 
 def _problem(exc: uploads.UploadError) -> Response:
