@@ -210,6 +210,12 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # JSON bodies are parsed with a size and depth limit (400 with a reason, never a RecursionError).
+    "DEFAULT_PARSER_CLASSES": [
+        "comminsight_site.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"]
     + (["rest_framework.renderers.BrowsableAPIRenderer"] if DEBUG else []),
     "DEFAULT_THROTTLE_RATES": {"ingest": env.str("COMMINSIGHT_INGEST_RATE", default="6000/min")},
@@ -270,10 +276,19 @@ INGEST_ARCHIVE_MAX_MEMBER_BYTES = env.int("COMMINSIGHT_INGEST_ARCHIVE_MAX_MEMBER
 INGEST_ARCHIVE_MAX_TOTAL_BYTES = env.int("COMMINSIGHT_INGEST_ARCHIVE_MAX_TOTAL_BYTES", default=8 * 1024**3)
 INGEST_ARCHIVE_MAX_RATIO = env.float("COMMINSIGHT_INGEST_ARCHIVE_MAX_RATIO", default=200.0)
 INGEST_TASK_TIME_LIMIT_S = env.int("COMMINSIGHT_INGEST_TASK_TIME_LIMIT_S", default=1800)
+# Ingest attempts per archive before it is quarantined, whatever ended them (apps.workloads.ingest).
+INGEST_MAX_ATTEMPTS = env.int("COMMINSIGHT_INGEST_MAX_ATTEMPTS", default=5)
+INGEST_RETRY_DELAY_S = env.float("COMMINSIGHT_INGEST_RETRY_DELAY_S", default=30.0)  # doubled per failed attempt
+# An attempt holds its archive by a lease renewed every third of this; a killed worker's lease runs out and
+# the requeue (every half lease) hands the archive to a live worker: ingested within ~1.5 leases.
+INGEST_LEASE_S = env.float("COMMINSIGHT_INGEST_LEASE_S", default=45.0)
 INGEST_LIVE_MAX_BYTES = env.int("COMMINSIGHT_INGEST_LIVE_MAX_BYTES", default=1024 * 1024)
 DISCOVERY_INTERVAL_S = env.float("COMMINSIGHT_DISCOVERY_INTERVAL_S", default=30.0)
 WORKLOAD_LOST_AFTER_S = env.int("COMMINSIGHT_WORKLOAD_LOST_AFTER_S", default=300)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
+# Every JSON input (API bodies, archive members) is parsed with these limits (comminsight.formats.boundedjson).
+API_JSON_MAX_BYTES = max(DATA_UPLOAD_MAX_MEMORY_SIZE, INGEST_LIVE_MAX_BYTES)
+API_JSON_MAX_DEPTH = env.int("COMMINSIGHT_JSON_MAX_DEPTH", default=32)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 
 # --- Analysis jobs (apps/analysis) ----------------------------------------------------------------------------
@@ -289,7 +304,10 @@ CELERY_BEAT_SCHEDULE.update(
     {
         "discover-archives": {"task": "apps.workloads.tasks.discover_archives", "schedule": DISCOVERY_INTERVAL_S},
         "mark-lost-workloads": {"task": "apps.workloads.tasks.mark_lost_workloads", "schedule": 60.0},
-        "requeue-stale-archives": {"task": "apps.workloads.tasks.requeue_stale_archives", "schedule": 300.0},
+        "requeue-stale-archives": {
+            "task": "apps.workloads.tasks.requeue_stale_archives",
+            "schedule": INGEST_LEASE_S / 2,
+        },
         "expire-abandoned-uploads": {"task": "apps.workloads.tasks.expire_abandoned_uploads", "schedule": 3600.0},
         "purge-monitoring-points": {"task": "apps.monitoring.tasks.purge_expired_points", "schedule": 3600.0},
         "materialize-monitoring-bands": {"task": "apps.monitoring.tasks.materialize_bands", "schedule": 60.0},

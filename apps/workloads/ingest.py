@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import re
 import shutil
 import tempfile
+import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -36,13 +37,14 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F
+from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from comminsight.evidence.schema import conform
 from comminsight.formats import header
 from comminsight.formats.archive import ArchiveError, ArchiveLimits, read_archive
+from comminsight.formats.boundedjson import JSONLimitError, loads_bounded
 from comminsight.formats.rawlog import RawLogError as SegmentError
 from comminsight.formats.rawlog import parse_header, records_from_bytes
 from comminsight_site.objectstore import object_store
@@ -226,9 +228,14 @@ def _stage_members(archive: Archive, staging: Path, manifest: dict[str, Any], me
         for name, data in members:
             if name.startswith("hang/"):
                 try:
-                    json.loads(data)
-                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                    raise IngestError(f"{name} is not valid JSON") from exc
+                    loads_bounded(
+                        data,
+                        what=name,
+                        max_bytes=settings.INGEST_ARCHIVE_MAX_MEMBER_BYTES,
+                        max_depth=settings.API_JSON_MAX_DEPTH,
+                    )
+                except JSONLimitError as exc:
+                    raise IngestError(str(exc)) from None
                 target = staging / "hang" / name.removeprefix("hang/")
                 target.parent.mkdir(exist_ok=True)
                 target.write_bytes(data)
@@ -338,22 +345,13 @@ def workload_facts_apply(workload: Workload, facts: ManifestFacts) -> Node:
     return node
 
 
-def _apply_metadata(staged: StagedArchive, archive: Archive) -> Workload:
-    facts = staged.facts
-    now = timezone.now()
+def _workload_for(archive: Archive, facts: ManifestFacts) -> Workload:
+    """The owner's workload the archive belongs to, created (and committed) when it is the first archive."""
     workload, _ = Workload.objects.get_or_create(
-        owner=archive.owner, external_id=facts.workload_id, defaults={"name": facts.workload_id, "first_seen_at": now}
+        owner=archive.owner,
+        external_id=facts.workload_id,
+        defaults={"name": facts.workload_id, "first_seen_at": timezone.now()},
     )
-    workload_facts_apply(workload, facts)
-    archive.workload = workload
-    archive.node = facts.node
-    archive.record_count = staged.rows
-    archive.first_ns = facts.first_ns
-    archive.last_ns = facts.last_ns
-    archive.state = ArchiveState.INGESTED
-    archive.reason = f"{staged.corrupt_records} corrupt records skipped" if staged.corrupt_records else ""
-    archive.ingested_at = now
-    archive.save()
     return workload
 
 
@@ -364,49 +362,179 @@ def _quarantine(archive: Archive, reason: str) -> None:
         archive.path = store.move(archive.path, f"quarantine/{archive.sha256}")
     archive.state = ArchiveState.QUARANTINED
     archive.reason = reason[:2000]
-    archive.save()
+    archive.lease_owner, archive.lease_until = "", None
+    archive.save(update_fields=["path", "state", "reason", "lease_owner", "lease_until"])
     logger.warning("archive %s quarantined: %s", archive.sha256[:12], reason)
 
 
-def archive_ingest(archive_id: int) -> str:
-    """Ingest one stored archive; return its resulting state ('busy' when another worker holds it)."""
+class _Claim:
+    """One ingest attempt's hold on an archive (``lease_owner``), renewed by a thread while the attempt runs."""
+
+    def __init__(self, archive: Archive, owner: str) -> None:
+        self.archive = archive
+        self.owner = owner
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name=f"ingest-lease-{archive.pk}", daemon=True)
+
+    def _renew(self) -> None:
+        lease = timedelta(seconds=settings.INGEST_LEASE_S)
+        try:
+            while not self._stop.wait(settings.INGEST_LEASE_S / 3):
+                Archive.objects.filter(pk=self.archive.pk, lease_owner=self.owner).update(
+                    lease_until=timezone.now() + lease
+                )
+        except Exception:  # a lost renewal only lets the requeue start a duplicate, which then finds it busy
+            logger.exception("ingest lease of archive %s not renewed", self.archive.pk)
+        finally:
+            connection.close()  # this thread's own connection
+
+    def __enter__(self) -> _Claim:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _claim(archive_id: int) -> _Claim | str:
+    """Take the archive for one attempt, counting it in a transaction of its own (it survives the attempt's
+    failure), or answer why not: its state, 'busy' (another attempt holds it), 'missing'. An archive that used
+    up its attempts is quarantined here, whatever ended them (an exception, a killed or stuck worker)."""
+    now = timezone.now()
     with transaction.atomic():
-        # skip_locked: a duplicate delivery of the task leaves the archive to the worker that has it; the
-        # row lock dies with a killed worker's connection, so a retry can take over.
         archive = Archive.objects.select_for_update(skip_locked=True).filter(pk=archive_id).first()
         if archive is None:
             return "busy" if Archive.objects.filter(pk=archive_id).exists() else "missing"
         if archive.state != ArchiveState.STORED:
             return archive.state
-        Archive.objects.filter(pk=archive.pk).update(attempts=F("attempts") + 1)
-        staged = None
-        try:
-            staged = stage_archive(archive)
-        except (ArchiveError, IngestError) as exc:
-            _quarantine(archive, str(exc))
+        if archive.lease_owner and archive.lease_until and archive.lease_until > now:
+            return "busy"
+        if archive.attempts >= settings.INGEST_MAX_ATTEMPTS:
+            last = archive.reason or "the worker ingesting it stopped every time (killed, out of memory or time)"
+            _quarantine(archive, f"ingest gave up after {archive.attempts} attempts; the last: {last}")
             return ArchiveState.QUARANTINED
-        finally:
-            if staged is None:
-                shutil.rmtree(store_dir() / ".staging" / archive.sha256, ignore_errors=True)
-        try:
-            workload = _apply_metadata(staged, archive)
-            _publish(staged, workload, archive)
+        archive.attempts += 1
+        archive.lease_owner = uuid.uuid4().hex
+        archive.lease_until = now + timedelta(seconds=settings.INGEST_LEASE_S)
+        archive.save(update_fields=["attempts", "lease_owner", "lease_until"])
+    return _Claim(archive, archive.lease_owner)
+
+
+def _held(claim: _Claim) -> Archive | None:
+    """The archive row, locked until the transaction ends, if this attempt still holds it (else None)."""
+    archive = Archive.objects.select_for_update().filter(pk=claim.archive.pk).first()
+    if archive is None or archive.state != ArchiveState.STORED or archive.lease_owner != claim.owner:
+        return None
+    return archive
+
+
+def _attempt_failed(claim: _Claim, exc: BaseException) -> str:
+    """Record why an attempt failed (its owner sees it) and let the archive go: quarantined when the
+    attempts are used up, else left stored for a retry after a back-off (``lease_until`` with no owner)."""
+    reason = f"attempt {claim.archive.attempts} failed: {type(exc).__name__}: {str(exc)[:500]}"
+    with transaction.atomic():
+        archive = _held(claim)
+        if archive is None:
+            return Archive.objects.filter(pk=claim.archive.pk).values_list("state", flat=True).first() or "missing"
+        if archive.attempts >= settings.INGEST_MAX_ATTEMPTS:
+            _quarantine(archive, f"ingest gave up after {archive.attempts} attempts; the last: {reason}")
+            return ArchiveState.QUARANTINED
+        delay = min(settings.INGEST_RETRY_DELAY_S * 2 ** (archive.attempts - 1), 3600)
+        archive.reason = reason
+        archive.lease_owner, archive.lease_until = "", timezone.now() + timedelta(seconds=delay)
+        archive.save(update_fields=["reason", "lease_owner", "lease_until"])
+    return ArchiveState.STORED
+
+
+def _ingest_claimed(claim: _Claim) -> tuple[str, Workload | None, StagedArchive | None]:
+    """Stage (no transaction), publish (no transaction), then record everything in one short transaction."""
+    archive = claim.archive
+    staged = None
+    try:
+        staged = stage_archive(archive)
+    finally:
+        if staged is None:
+            shutil.rmtree(store_dir() / ".staging" / archive.sha256, ignore_errors=True)
+    try:
+        workload = _workload_for(archive, staged.facts)
+        # Named by sha256: a retry after a crash overwrites its own objects. No row is locked meanwhile.
+        _publish(staged, workload, archive)
+        with transaction.atomic():
+            archive = _held(claim)
+            if archive is None:  # our lease ran out and another attempt took over: it finishes the job
+                return "busy", None, staged
+            workload_facts_apply(workload, staged.facts)
+            now = timezone.now()
+            archive.workload = workload
+            archive.node = staged.facts.node
+            archive.record_count = staged.rows
+            archive.first_ns = staged.facts.first_ns
+            archive.last_ns = staged.facts.last_ns
+            archive.state = ArchiveState.INGESTED
+            archive.reason = f"{staged.corrupt_records} corrupt records skipped" if staged.corrupt_records else ""
+            archive.ingested_at = now
+            archive.lease_owner, archive.lease_until = "", None
+            archive.save()
             with workload_metadata_dir(workload) as tables:
                 communicator_names_apply(workload, tables)
-        finally:
-            shutil.rmtree(staged.staging, ignore_errors=True)
-    logger.info("archive %s ingested: %d rows for workload %s", archive.sha256[:12], staged.rows, workload.pk)
+    finally:
+        shutil.rmtree(staged.staging, ignore_errors=True)
+    return ArchiveState.INGESTED, workload, staged
+
+
+# Failures worth a prompt retry by the task's own policy (a database or storage hiccup); any other exception
+# is recorded and retried by the periodic requeue after a back-off, up to INGEST_MAX_ATTEMPTS.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (OperationalError, InterfaceError, OSError)
+
+
+def archive_ingest(archive_id: int) -> str:
+    """Ingest one stored archive; return its resulting state ('busy' when another attempt holds it).
+
+    Whatever goes wrong, the archive ends quarantined with a reason after at most ``INGEST_MAX_ATTEMPTS``
+    attempts: content errors quarantine at once, other exceptions are counted (the count is committed before
+    the attempt starts) and retried. Transient errors are raised again for the task's retry policy.
+    """
+    claim = _claim(archive_id)
+    if isinstance(claim, str):
+        return claim
+    try:
+        with claim:
+            state, workload, staged = _ingest_claimed(claim)
+    except (ArchiveError, IngestError) as exc:
+        with transaction.atomic():
+            archive = _held(claim)
+            if archive is None:
+                return "busy"
+            _quarantine(archive, str(exc))
+        return ArchiveState.QUARANTINED
+    except Exception as exc:  # RecursionError, MemoryError, a time limit, a bug: bounded by the attempt count
+        state = _attempt_failed(claim, exc)
+        if isinstance(exc, TRANSIENT_ERRORS) and state == ArchiveState.STORED:
+            raise
+        logger.exception("archive %s: ingest attempt failed (%s)", archive_id, state)
+        return state
+    if state != ArchiveState.INGESTED or workload is None or staged is None:
+        return state
+    logger.info("archive %s ingested: %d rows for workload %s", claim.archive.sha256[:12], staged.rows, workload.pk)
     publish_workload_changed(workload.pk)  # open pages show the new ranks, communicators and archive
     return ArchiveState.INGESTED
 
 
-def stale_stored_archives(older_than_s: float = 600, max_attempts: int = 10) -> list[int]:
-    """Archives still waiting for ingest long after they were stored (a lost task message, a crash in
-    embedded mode): their ids, for the periodic task to queue again. Ingest is idempotent, so a
-    duplicate is harmless."""
-    cutoff = timezone.now() - timedelta(seconds=older_than_s)
-    stale = Archive.objects.filter(state=ArchiveState.STORED, created_at__lt=cutoff, attempts__lt=max_attempts)
-    return list(stale.values_list("pk", flat=True)[:1000])
+def stale_stored_archives(older_than_s: float = 600) -> list[int]:
+    """Archives waiting for ingest that no live attempt holds, for the periodic task to queue again: a lost
+    task message (stored long ago, never claimed), a killed or stuck worker (its lease expired), a failed
+    attempt whose back-off is over. Ingest is idempotent and claims are exclusive, so a duplicate is harmless.
+    Archives that used up their attempts are included: the claim quarantines them."""
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=older_than_s)
+    never_claimed = Q(lease_until__isnull=True, created_at__lt=cutoff)
+    stale = Archive.objects.filter(
+        never_claimed | Q(lease_until__lt=now),
+        state=ArchiveState.STORED,
+        attempts__lte=settings.INGEST_MAX_ATTEMPTS,
+    )
+    return list(stale.order_by("pk").values_list("pk", flat=True)[:1000])
 
 
 def workload_parquet_files(workload: Workload) -> list[str]:

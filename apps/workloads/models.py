@@ -161,7 +161,12 @@ class Archive(models.Model):
     file_mtime = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     ingested_at = models.DateTimeField(null=True, blank=True)
-    attempts = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0)  # ingest attempts begun, counted in a committed transaction
+    # The ingest lease (apps.workloads.ingest): which attempt holds the archive and until when. A worker that
+    # dies leaves a lease that expires; the periodic requeue then hands the archive to a live worker. With no
+    # owner, ``lease_until`` is the earliest time the requeue tries a failed archive again.
+    lease_owner = models.CharField(max_length=32, blank=True, default="")
+    lease_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

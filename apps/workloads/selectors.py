@@ -57,11 +57,22 @@ def workloads_with_counts(workloads: QuerySet[Workload]) -> QuerySet[Workload]:
     )
 
 
-def quarantined_archives_visible_to(user: User | AnonymousUser) -> QuerySet[Archive]:
-    """Quarantined archives the user should hear about: their own (all of them for administrators)."""
+def archives_visible_to(user: User | AnonymousUser) -> QuerySet[Archive]:
+    """Archives ``user`` may see: their own (whatever their state) and those of workloads they may see."""
     if not user.is_authenticated or not user.is_active:
         return Archive.objects.none()
-    archives = Archive.objects.filter(state=ArchiveState.QUARANTINED).select_related("owner")
+    if user.is_site_admin:
+        return Archive.objects.all()
+    return Archive.objects.filter(Q(owner=user) | Q(workload__in=workloads_visible_to(user).values("pk")))
+
+
+def troubled_archives_visible_to(user: User | AnonymousUser) -> QuerySet[Archive]:
+    """Archives the user should hear about: quarantined ones and those waiting after a failed attempt (the
+    reason says why); their own, all of them for administrators."""
+    if not user.is_authenticated or not user.is_active:
+        return Archive.objects.none()
+    troubled = Q(state=ArchiveState.QUARANTINED) | (Q(state=ArchiveState.STORED) & ~Q(reason=""))
+    archives = Archive.objects.filter(troubled).select_related("owner")
     return archives if user.is_site_admin else archives.filter(owner=user)
 
 

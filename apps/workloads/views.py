@@ -23,7 +23,7 @@ from .discovery import discovery_root
 from .ingest import workload_parquet_files
 from .models import Archive, ArchiveState, ShareLevel, SystemSettings, Workload
 from .selectors import (
-    quarantined_archives_visible_to,
+    troubled_archives_visible_to,
     workload_can_manage,
     workload_nccl_facts,
     workload_rank_coordinates,
@@ -47,7 +47,7 @@ def workload_list(request: HttpRequest) -> HttpResponse:
         workload.analysis_counts = counts[workload.pk]
     context = {
         "workloads": workloads,
-        "quarantined": quarantined_archives_visible_to(request.user).filter(workload=None)[:20],
+        "quarantined": troubled_archives_visible_to(request.user).filter(workload=None)[:20],
         "can_run_demo": request.user.is_site_admin,
         **_connect_hint(request),
     }

@@ -173,6 +173,9 @@ MATRIX: dict[str, list[Case]] = {
             count={"root": 0, "alice": 0, "bob": 0},
         )
     ],
+    "api-archives": [
+        Case("get", statuses(403, 403, 200, 200, 200, 200, 200), count={"root": 0, "alice": 0, "carol": 0})
+    ],
     "api-ingest-uploads": [
         Case(
             "post",

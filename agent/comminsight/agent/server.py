@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from comminsight.agent.cluster import ReportError
+from comminsight.formats.boundedjson import loads_bounded
 
 if TYPE_CHECKING:
     from comminsight.agent.daemon import Agent
@@ -270,7 +271,7 @@ def _handler(agent: Agent) -> type[BaseHTTPRequestHandler]:
                 return
             raw = self.rfile.read(length)
             try:
-                agent.cluster.accept(json.loads(raw))
+                agent.cluster.accept(loads_bounded(raw, what="report", max_bytes=MAX_BODY_BYTES))
             except (ValueError, ReportError) as exc:
                 self._json(400, {"detail": f"bad report: {exc}"})
                 return

@@ -32,6 +32,8 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
+from comminsight.formats.boundedjson import JSONLimitError, loads_bounded
+
 log = logging.getLogger("comminsight.process_groups")
 
 FORMAT = "comminsight.process_groups"
@@ -80,9 +82,9 @@ def parse_table(data: bytes | str, origin: str = "table") -> dict[str, Any]:
     if len(data) > MAX_TABLE_BYTES:
         raise TableError(f"{origin}: larger than {MAX_TABLE_BYTES >> 20} MiB")
     try:
-        table = json.loads(data)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise TableError(f"{origin}: not JSON ({exc})") from exc
+        table = loads_bounded(data, what=origin, max_bytes=MAX_TABLE_BYTES)
+    except JSONLimitError as exc:
+        raise TableError(str(exc)) from None
     if not isinstance(table, dict) or table.get("format") != FORMAT:
         raise TableError(f"{origin}: not a process-group table (format {FORMAT!r} expected)")
     if table.get("version") != 1:

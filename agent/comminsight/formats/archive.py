@@ -26,6 +26,8 @@ from typing import IO, Any, cast
 
 import zstandard
 
+from .boundedjson import JSONLimitError, loads_bounded
+
 SCHEMA_VERSION = 1
 KIND = "comminsight.archive"
 ZSTD_LEVEL = 3
@@ -35,6 +37,19 @@ MEMBER_NAME = re.compile(
     r"|steps/[A-Za-z0-9._-]{1,200}\.jsonl|metrics/[A-Za-z0-9._-]{1,200}\.parquet)$"
 )
 _FILE_PART = re.compile(r"[^A-Za-z0-9._-]+")
+MANIFEST_MAX_DEPTH = 16  # the format nests 4 levels (manifest > communicators > entry > positions)
+
+
+def member_name_allowed(name: object) -> bool:
+    """A name the format allows: on the allow-list, and no component made of dots only (``segments/..``)."""
+    if not isinstance(name, str) or not MEMBER_NAME.match(name):
+        return False
+    return all(part.strip(".") for part in name.split("/"))
+
+
+def _is_int(value: object) -> bool:
+    """An integer in JSON's sense: ``true`` is not one, although Python's bool is an int."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class ArchiveError(ValueError):
@@ -97,7 +112,7 @@ def write_archive(dest: Path | str, manifest: dict[str, Any], members: Sequence[
     entries: list[dict[str, Any]] = []
     payloads: list[bytes] = []
     for member in members:
-        if not MEMBER_NAME.match(member.name) or member.name == "manifest.json":
+        if not member_name_allowed(member.name) or member.name == "manifest.json":
             raise ArchiveError(f"member name {member.name!r} is not allowed in an archive")
         data = _member_bytes(member)
         payloads.append(data)
@@ -209,7 +224,7 @@ def _validate_manifest(manifest: Any) -> dict[str, Any]:
         raise ArchiveError("manifest.json is not a JSON object")
     if manifest.get("kind") != KIND:
         raise ArchiveError(f"manifest.json kind is {manifest.get('kind')!r}, expected {KIND!r}")
-    if manifest.get("schema_version") != SCHEMA_VERSION:
+    if not _is_int(manifest.get("schema_version")) or manifest.get("schema_version") != SCHEMA_VERSION:
         raise ArchiveError(f"unsupported archive schema_version {manifest.get('schema_version')!r}")
     members = manifest.get("members")
     if not isinstance(members, list):
@@ -219,16 +234,16 @@ def _validate_manifest(manifest: Any) -> dict[str, Any]:
         if not isinstance(entry, dict):
             raise ArchiveError("manifest member entry is not an object")
         name, size, sha = entry.get("name"), entry.get("size"), entry.get("sha256")
-        if not isinstance(name, str) or not MEMBER_NAME.match(name) or name == "manifest.json":
+        if not member_name_allowed(name) or name == "manifest.json":
             raise ArchiveError(f"manifest lists a member with a disallowed name: {name!r}")
         if name in seen:
             raise ArchiveError(f"manifest lists {name!r} twice")
         seen.add(name)
-        if not isinstance(size, int) or size < 0:
+        if not _is_int(size) or size < 0:
             raise ArchiveError(f"manifest member {name!r} has an invalid size")
         if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
             raise ArchiveError(f"manifest member {name!r} has an invalid sha256")
-        if not isinstance(entry.get("records", 0), int):
+        if not _is_int(entry.get("records", 0)) or entry.get("records", 0) < 0:
             raise ArchiveError(f"manifest member {name!r} has an invalid record count")
     for key in ("workload_id", "node"):
         if not isinstance(manifest.get(key), str):
@@ -269,9 +284,11 @@ def read_archive(
             raise ArchiveError(f"manifest.json is larger than {limits.max_manifest_bytes} bytes")
         raw_manifest = _read_member(tar, first)
         try:
-            manifest = json.loads(raw_manifest)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ArchiveError(f"manifest.json is not valid JSON: {exc}") from exc
+            manifest = loads_bounded(
+                raw_manifest, what="manifest.json", max_bytes=limits.max_manifest_bytes, max_depth=MANIFEST_MAX_DEPTH
+            )
+        except JSONLimitError as exc:
+            raise ArchiveError(str(exc)) from None
         manifest = _validate_manifest(manifest)
         if len(manifest["members"]) + 1 > limits.max_members:
             raise ArchiveError(f"archive lists more than {limits.max_members} members")
@@ -331,7 +348,7 @@ def _next_member(tar: tarfile.TarFile, limits: ArchiveLimits, count: int) -> tar
         return None
     if count + 1 > limits.max_members:
         raise ArchiveError(f"archive has more than {limits.max_members} members")
-    if not MEMBER_NAME.match(info.name):
+    if not member_name_allowed(info.name):
         raise ArchiveError(f"member name {info.name!r} is not allowed")
     if not info.isreg():
         raise ArchiveError(f"member {info.name!r} is not a regular file")

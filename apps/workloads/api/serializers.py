@@ -50,6 +50,7 @@ class ArchiveSerializer(serializers.ModelSerializer):
             "last_ns",
             "created_at",
             "ingested_at",
+            "attempts",
         ]
         read_only_fields = fields
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
@@ -12,8 +12,13 @@ from rest_framework.views import APIView
 
 from apps.accounts.models import User
 from apps.workloads import services
-from apps.workloads.models import Workload
-from apps.workloads.selectors import workload_can_manage, workloads_visible_to, workloads_with_counts
+from apps.workloads.models import ArchiveState, Workload
+from apps.workloads.selectors import (
+    archives_visible_to,
+    workload_can_manage,
+    workloads_visible_to,
+    workloads_with_counts,
+)
 
 from .serializers import ArchiveSerializer, ShareRequestSerializer, ShareSerializer, WorkloadSerializer
 
@@ -92,3 +97,21 @@ class WorkloadArchiveListView(APIView):
     def get(self, request: Request, workload_id: int) -> Response:
         workload = _visible_workload(request, workload_id)
         return Response(ArchiveSerializer(workload.archives.order_by("-created_at"), many=True).data)
+
+
+class ArchiveListView(APIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("state", str, enum=ArchiveState.values, description="only archives in this state")
+        ],
+        responses=ArchiveSerializer(many=True),
+        summary="Your archives (all for administrators), with state, attempts and the reason of a refusal",
+    )
+    def get(self, request: Request) -> Response:
+        archives = archives_visible_to(request.user).order_by("-created_at")
+        state = request.query_params.get("state")
+        if state is not None:
+            if state not in ArchiveState.values:
+                raise ValidationError({"state": f"one of {', '.join(ArchiveState.values)}"})
+            archives = archives.filter(state=state)
+        return Response(ArchiveSerializer(archives[:1000], many=True).data)
