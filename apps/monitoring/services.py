@@ -389,8 +389,120 @@ def archive_samples(operations: Any, first_ns: int, last_ns: int, node: str) -> 
     return samples
 
 
+# Device and NIC samples an archive carries (docs/formats/archive.md, metrics/): sampler field -> site metric.
+ARCHIVE_DEVICE_METRICS = {
+    "gpu": {"util_pct": "gpu_util_pct", "mem_used_bytes": "gpu_mem_used_bytes", "power_w": "gpu_power_w"},
+    "nic": {
+        "rx_bytes_per_s": "nic_rx_bytes_per_s",
+        "tx_bytes_per_s": "nic_tx_bytes_per_s",
+        "errors_per_s": "nic_errors_per_s",
+        "discards_per_s": "nic_discards_per_s",
+    },
+}
+
+
+def archive_device_samples(table: Any, node: str) -> list[Sample]:
+    """The GPU and NIC points of one archive's samples table (``comminsight.formats.samples``) of ``node``:
+    the same series as heartbeats give (``<node>/gpu<i>``, ``<node>/<device>:<port>``), on the 5-second grid
+    at the agent's own sample time. Negative values, utilisation above 100 and bad device names are left out."""
+    import polars as pl
+
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    mapping = pl.DataFrame(
+        [(kind, field, metric) for kind, fields in ARCHIVE_DEVICE_METRICS.items() for field, metric in fields.items()],
+        schema={"kind": pl.String, "metric": pl.String, "site_metric": pl.String},
+        orient="row",
+    )
+    slot = RAW_STEP_S * 1000
+    rows = (
+        frame.join(mapping, on=["kind", "metric"])
+        .filter(
+            (pl.col("value") >= 0)
+            & ((pl.col("site_metric") != "gpu_util_pct") | (pl.col("value") <= 100.0))
+            & ((pl.col("kind") == "gpu") | pl.col("device").str.contains(NIC_DEVICE.pattern))
+            & pl.col("port").is_not_null()
+            & (pl.col("port") >= 0)
+        )
+        .with_columns(
+            key=pl.when(pl.col("kind") == "gpu")
+            .then(pl.format("{}/gpu{}", pl.lit(node), pl.col("port")))
+            .otherwise(pl.format("{}/{}:{}", pl.lit(node), pl.col("device"), pl.col("port"))),
+            t_ms=(pl.col("time_ns") // 1_000_000 // slot) * slot,
+        )
+        .group_by("site_metric", "key", "t_ms")
+        .agg(pl.col("value").last())
+    )
+    return [
+        Sample(m, k[:255], node, t, v) for m, k, t, v in rows.select("site_metric", "key", "t_ms", "value").iter_rows()
+    ]
+
+
+def _where_heartbeats_are_silent(workload_id: int, samples: list[Sample]) -> list[Sample]:
+    """Samples far from every point already stored for their series: an archive fills what live heartbeats
+    missed (a job without a site connection, a heartbeat lost) and never doubles what they drew. The agent's
+    clock and the site's may put the same measurement one slot apart, hence "far" = more than one slot."""
+    import numpy as np
+
+    if not samples:
+        return samples
+    ids = _series_ids(workload_id, samples)
+    lo = min(s.t_ms for s in samples) - RAW_STEP_S * 1000
+    hi = max(s.t_ms for s in samples) + RAW_STEP_S * 1000
+    stored: dict[int, list[int]] = defaultdict(list)
+    for series_id, t_ms in (
+        Point.objects.filter(series_id__in=set(ids.values()), t_ms__gte=lo, t_ms__lte=hi)
+        .order_by("series_id", "t_ms")
+        .values_list("series_id", "t_ms")
+    ):
+        stored[series_id].append(t_ms)
+    by_series: dict[int, list[Sample]] = defaultdict(list)
+    for sample in samples:
+        by_series[ids[(sample.metric, sample.key)]].append(sample)
+    out: list[Sample] = []
+    for series_id, mine in by_series.items():
+        times = np.asarray(stored.get(series_id, []), np.int64)
+        if not len(times):
+            out.extend(mine)
+            continue
+        t = np.asarray([s.t_ms for s in mine], np.int64)
+        at = np.clip(np.searchsorted(times, t), 1, len(times)) - 1
+        nearest = np.minimum(np.abs(times[at] - t), np.abs(times[np.minimum(at + 1, len(times) - 1)] - t))
+        out.extend(s for s, far in zip(mine, nearest > RAW_STEP_S * 1000, strict=True) if far)
+    return out
+
+
+def archive_device_samples_record(archive: Archive) -> list[Sample]:
+    """Record the device and NIC samples an ingested archive carried (where heartbeats left gaps)."""
+    import pyarrow.parquet as pq
+
+    from apps.workloads.ingest import SAMPLES_SUFFIX, samples_prefix
+    from comminsight_site.objectstore import object_store
+
+    store = object_store()
+    samples: list[Sample] = []
+    for location in store.list(f"{samples_prefix(archive.workload_id, archive.node)}/{archive.sha256}", SAMPLES_SUFFIX):
+        with store.open_input(location) as handle:
+            samples.extend(archive_device_samples(pq.read_table(handle), archive.node))
+    return _where_heartbeats_are_silent(archive.workload_id, samples)
+
+
 def archive_summaries_record(archive_id: int) -> int:
-    """Step times and communicator throughput from one ingested archive's node; return the new points."""
+    """Step times, communicator throughput and device/NIC counters from one ingested archive's node; return
+    the new points."""
+    archive = Archive.objects.filter(pk=archive_id, state=ArchiveState.INGESTED).first()
+    if archive is None or archive.workload_id is None:
+        return 0
+    samples = archive_device_samples_record(archive)
+    added = points_record(archive.workload_id, samples) + _archive_operations_record(archive)
+    if samples:
+        workload_id = archive.workload_id
+        transaction.on_commit(lambda: publish_points(workload_id, sorted({s.metric for s in samples})))
+    return added
+
+
+def _archive_operations_record(archive: Archive) -> int:
+    """Step times and communicator throughput from the operations of one ingested archive's node."""
     import polars as pl
     import pyarrow.dataset as ds
 
@@ -398,8 +510,7 @@ def archive_summaries_record(archive_id: int) -> int:
     from comminsight.evidence.schema import SCHEMA
     from comminsight_site.objectstore import object_store
 
-    archive = Archive.objects.filter(pk=archive_id, state=ArchiveState.INGESTED).first()
-    if archive is None or archive.workload_id is None or archive.first_ns is None or archive.last_ns is None:
+    if archive.first_ns is None or archive.last_ns is None:
         return 0
     store = object_store()
     files = store.list(f"{store_prefix(archive.workload_id)}/node-{path_part(archive.node)}", suffix=".parquet")

@@ -47,6 +47,7 @@ from comminsight.formats.archive import ArchiveError, ArchiveLimits, read_archiv
 from comminsight.formats.boundedjson import JSONLimitError, loads_bounded
 from comminsight.formats.rawlog import RawLogError as SegmentError
 from comminsight.formats.rawlog import parse_header, records_from_bytes
+from comminsight.formats.samples import SamplesError, read_samples
 from comminsight_site.objectstore import object_store
 
 from .live import publish_workload_changed
@@ -204,6 +205,7 @@ class StagedArchive:
     files: dict[int, Path] = field(default_factory=dict)  # global rank -> staged parquet
     hang_files: list[Path] = field(default_factory=list)
     table_files: list[Path] = field(default_factory=list)  # the import hook's process-group tables
+    samples_files: list[Path] = field(default_factory=list)  # device and NIC counter samples (metrics/)
     rows: int = 0
     corrupt_records: int = 0
 
@@ -246,6 +248,9 @@ def _stage_members(archive: Archive, staging: Path, manifest: dict[str, Any], me
                 if table_file is not None:
                     staged.table_files.append(table_file)
                 continue
+            if name.startswith("metrics/"):
+                _stage_samples(archive, staged, name, data)
+                continue
             if not name.startswith("segments/"):
                 continue
             try:
@@ -271,6 +276,21 @@ def _stage_members(archive: Archive, staging: Path, manifest: dict[str, Any], me
             writer.close()
     staged.facts = _with_segment_ranks(facts, segment_members)
     return staged
+
+
+def _stage_samples(archive: Archive, staged: StagedArchive, name: str, data: bytes) -> None:
+    """Keep an archive's device and NIC samples for the monitoring app; an unusable table is skipped with a
+    warning (the counters are side information: the archive's operations still count)."""
+    try:
+        samples = read_samples(data)
+    except SamplesError as exc:
+        logger.warning("archive %s: %s skipped: %s", archive.sha256[:12], name, exc)
+        return
+    if samples.num_rows:
+        target = staged.staging / "samples" / f"{len(staged.samples_files)}.pq"
+        target.parent.mkdir(exist_ok=True)
+        pq.write_table(samples, target, compression="zstd")
+        staged.samples_files.append(target)
 
 
 def _with_segment_ranks(facts: ManifestFacts, segment_members: dict[str, set[int]]) -> ManifestFacts:
@@ -305,6 +325,9 @@ def _publish(staged: StagedArchive, workload: Workload, archive: Archive) -> lis
     for source in staged.table_files:
         # one table per process; a later archive carries a newer version of the same table
         published.append(store.put_file(source, f"{metadata_prefix(workload.pk)}/{path_part(source.name)}"))
+    for i, source in enumerate(staged.samples_files):
+        key = f"{samples_prefix(workload.pk, staged.facts.node)}/{archive.sha256}/{i}{SAMPLES_SUFFIX}"
+        published.append(store.put_file(source, key))
     for source in staged.hang_files:
         published.append(store.put_file(source, f"{node_prefix}/hang/{archive.sha256[:16]}/{path_part(source.name)}"))
     return published
@@ -540,6 +563,15 @@ def stale_stored_archives(older_than_s: float = 600) -> list[int]:
 def workload_parquet_files(workload: Workload) -> list[str]:
     """Locations of a workload's Parquet files (read them with ``object_store().dataset``)."""
     return object_store().list(store_prefix(workload.pk), suffix=".parquet")
+
+
+# Not ".parquet": whoever reads a workload's operations takes every *.parquet under its prefix.
+SAMPLES_SUFFIX = ".samples.pq"
+
+
+def samples_prefix(workload_id: int, node: str) -> str:
+    """Where a node's device and NIC counter samples (from archives) are kept in the object store."""
+    return f"{store_prefix(workload_id)}/node-{path_part(node)}/samples"
 
 
 def metadata_prefix(workload_id: int) -> str:

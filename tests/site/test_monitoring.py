@@ -405,3 +405,90 @@ def test_stored_bands_give_the_same_chart_and_a_late_point_is_not_lost(personas)
     services.points_record(workload.pk, [Sample("step_duration_s", "3", "n1", start_ms + 7, 9.0)])
     after = selectors.dashboard(workload, span, ["step_duration_s"])[0]["data"]["band"]
     assert max(hi for _, _, _, hi, _ in after) == 9.0
+
+
+# --- Device and NIC counters carried in archives (metrics/samples-*.parquet) -----------------------------------
+
+
+def _archive_with_samples(owner, tmp_path, rows, node: str = "n1", data: bytes | None = None):
+    from apps.workloads.uploads import archive_register
+    from comminsight.formats.archive import ArchiveMember, write_archive
+    from comminsight.formats.samples import samples_parquet
+    from tests.site.archives import manifest_for, segment_bytes, sha256_of
+
+    members = [
+        ArchiveMember(f"segments/host-{1000 + r}-1000-0.cilog.sealed", data=segment_bytes(r), records=8) for r in (0, 1)
+    ]
+    members.append(ArchiveMember("metrics/samples-1.parquet", data=samples_parquet(rows) if data is None else data))
+    path = write_archive(tmp_path / f"ci-job-mon-{node}.tar.zst", manifest_for("job-mon", node), members).path
+    archive, _ = archive_register(
+        source_path=path, sha256=sha256_of(path), size=path.stat().st_size, owner=owner, filename=path.name
+    )
+    return archive
+
+
+def _ingest(archive, django_capture_on_commit_callbacks) -> None:
+    from apps.workloads.ingest import archive_ingest
+    from apps.workloads.models import ArchiveState
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert archive_ingest(archive.pk) == ArchiveState.INGESTED
+
+
+def _slot(t_ns: int) -> int:
+    return t_ns // 5_000_000_000 * 5_000_000_000
+
+
+def test_device_and_nic_counters_carried_in_an_archive_reach_the_dashboard(
+    personas, tmp_path, django_capture_on_commit_callbacks
+):
+    t = _slot(now_ns()) - 60 * NS
+    rows = [
+        (t, "gpu", "GPU-aaaa", 0, "util_pct", 91.0),
+        (t + 5 * NS, "gpu", "GPU-aaaa", 0, "util_pct", 93.0),
+        (t, "gpu", "GPU-aaaa", 0, "sm_clock_mhz", 1980.0),  # not charted: left in the archive
+        (t, "nic", "mlx5_0", 1, "rx_bytes_per_s", 1e10),
+        (t, "nic", "mlx5_0", 1, "errors_per_s", 2.0),
+    ]
+    archive = _archive_with_samples(personas.alice, tmp_path, rows)
+    _ingest(archive, django_capture_on_commit_callbacks)
+    workload = Workload.objects.get(owner=personas.alice, external_id="job-mon")
+    client = Client()
+    client.force_login(personas.alice)
+    charts = charts_of(client, workload, range="15m")
+    assert [v for _, v in charts["gpu_util_pct"]["data"]["lines"]["n1/gpu0"]] == [91.0, 93.0]
+    assert [v for _, v in charts["nic_rx_bytes_per_s"]["data"]["lines"]["n1/mlx5_0:1"]] == [10.0]  # GB/s
+    assert [v for _, v in charts["nic_errors_per_s"]["data"]["lines"]["n1/mlx5_0:1"]] == [2.0]
+    stored = Point.objects.count()
+    services.archive_summaries_record(archive.pk)  # the task delivered twice: nothing new
+    assert Point.objects.count() == stored
+
+
+def test_archive_counters_fill_only_where_live_heartbeats_were_silent(
+    agent, personas, tmp_path, django_capture_on_commit_callbacks
+):
+    assert post(agent, heartbeat()).status_code == 202  # gpu0 at 97 % now, live
+    t = _slot(now_ns())
+    rows = [
+        (t, "gpu", "GPU-aaaa", 0, "util_pct", 50.0),  # the same moment as the heartbeat's: already drawn
+        (t - 5 * NS, "gpu", "GPU-aaaa", 0, "util_pct", 51.0),  # one slot off (two clocks): already drawn
+        (t - 120 * NS, "gpu", "GPU-aaaa", 0, "util_pct", 40.0),  # no heartbeat then: filled from the archive
+    ]
+    archive = _archive_with_samples(personas.alice, tmp_path, rows)
+    _ingest(archive, django_capture_on_commit_callbacks)
+    workload = Workload.objects.get(owner=personas.alice, external_id="job-mon")
+    series = Series.objects.get(workload=workload, metric="gpu_util_pct", key="n1/gpu0")
+    values = sorted(Point.objects.filter(series=series).values_list("t_ms", "value"))
+    assert [v for _, v in values] == [40.0, 97.0]
+
+
+def test_an_unusable_samples_table_is_skipped_with_a_log_line_and_the_archive_still_counts(
+    personas, tmp_path, django_capture_on_commit_callbacks, caplog
+):
+    archive = _archive_with_samples(personas.alice, tmp_path, [], data=b"PAR1 but not really")
+    with caplog.at_level(logging.WARNING, logger="apps.workloads.ingest"):
+        _ingest(archive, django_capture_on_commit_callbacks)
+    assert "metrics/samples-1.parquet skipped: not a Parquet table" in caplog.text
+    workload = Workload.objects.get(owner=personas.alice, external_id="job-mon")
+    assert not Series.objects.filter(workload=workload, metric="gpu_util_pct").exists()
+    assert Series.objects.filter(workload=workload, metric="coll_busbw_gbs").exists()

@@ -345,23 +345,9 @@ class Samplers:
             self.table.clear()
         if not rows:
             return None
-        import pyarrow as pa  # here, not at the top: the GPU and NIC samplers need nothing but the stdlib
-        import pyarrow.parquet as pq
+        from comminsight.formats.samples import samples_parquet  # pyarrow: only when a seal needs it
 
-        time_ns, kind, device, port, metric, value = zip(*rows, strict=True)
-        table = pa.table(
-            {
-                "time_ns": pa.array(time_ns, pa.int64()),
-                "kind": pa.array(kind, pa.string()).dictionary_encode(),
-                "device": pa.array(device, pa.string()).dictionary_encode(),
-                "port": pa.array(port, pa.int32()),
-                "metric": pa.array(metric, pa.string()).dictionary_encode(),
-                "value": pa.array(value, pa.float64()),
-            }
-        )
-        sink = io.BytesIO()
-        pq.write_table(table, sink, compression="zstd")
-        return sink.getvalue()
+        return samples_parquet(rows)
 
     def restore_table(self, data: bytes) -> None:
         """Put rows back (a seal that failed) so the next archive still has them."""
