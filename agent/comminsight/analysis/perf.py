@@ -31,20 +31,18 @@ def bus_factor(op: str, n: int) -> float:
     return 1.0
 
 
-def analyse_perf(table: pa.Table | pl.DataFrame, slow_fraction: float = 0.5, min_samples: int = 3) -> dict:
-    """Bandwidth table and flagged slow communicators, ranks and links (see module doc)."""
+def transfers(table: pa.Table | pl.DataFrame) -> pl.DataFrame | None:
+    """Per matched operation with a payload: transfer time, size bucket, bus factor, algbw and busbw.
+
+    Matching is per communicator, so rows of whole communicators (every member) give the same
+    transfers alone as inside the job (``comminsight.analysis.partitioned`` relies on it).
+    """
     df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
     df = df.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
     comm = df.filter((pl.col("op") != "compute") & pl.col("bytes").is_not_null() & (pl.col("bytes") > 0))
     if comm.height == 0:
-        return {
-            "bandwidth": [],
-            "slow_communicators": [],
-            "slow_ranks": [],
-            "slow_links": [],
-            "note": "no operations with payload sizes",
-        }
+        return None  # no operation with a payload size
     matches = match_operations(comm)
     ev = comm.join(matches.select("row", "last_arrival_ns", "group"), on="row", how="left")
     ev = ev.with_columns(
@@ -66,18 +64,30 @@ def analyse_perf(table: pa.Table | pl.DataFrame, slow_fraction: float = 0.5, min
         .otherwise(1.0)
     )
     ev = ev.with_columns(algbw=pl.col("bytes") / pl.col("transfer_ns"))  # bytes/ns == GB/s
-    ev = ev.with_columns(busbw=pl.col("algbw") * pl.col("factor"))
+    return ev.with_columns(busbw=pl.col("algbw") * pl.col("factor"))
+
+
+def bandwidth_groups(ev: pl.DataFrame) -> pl.DataFrame:
+    """Per (communicator, op, size bucket, n): samples and medians (exact for whole communicators)."""
+    return ev.group_by("comm_id", "op", "bucket", "n").agg(
+        samples=pl.len(),
+        bytes=pl.col("bytes").median(),
+        algbw_gbs=pl.col("algbw").median(),
+        busbw_gbs=pl.col("busbw").median(),
+        busbw_p10_gbs=pl.col("busbw").quantile(0.1),
+        transfer_us=pl.col("transfer_ns").median() / 1e3,
+    )
+
+
+def rank_samples(ev: pl.DataFrame) -> pl.DataFrame:
+    """What the per-rank and per-link figures need of each transfer (rank, op, bucket, n, busbw, peer)."""
+    return ev.select("rank", "op", "bucket", "n", "busbw", "peer")
+
+
+def perf_report(groups: pl.DataFrame, samples: pl.DataFrame, slow_fraction: float = 0.5, min_samples: int = 3) -> dict:
+    """The report from per-communicator groups (``bandwidth_groups``) and per-transfer samples (``rank_samples``)."""
     table_rows = (
-        ev.group_by("comm_id", "op", "bucket", "n")
-        .agg(
-            samples=pl.len(),
-            bytes=pl.col("bytes").median(),
-            algbw_gbs=pl.col("algbw").median(),
-            busbw_gbs=pl.col("busbw").median(),
-            busbw_p10_gbs=pl.col("busbw").quantile(0.1),
-            transfer_us=pl.col("transfer_ns").median() / 1e3,
-        )
-        .with_columns(
+        groups.with_columns(
             reference_busbw_gbs=pl.col("busbw_gbs")
             .filter(pl.col("samples") >= min_samples)
             .max()
@@ -90,7 +100,7 @@ def analyse_perf(table: pa.Table | pl.DataFrame, slow_fraction: float = 0.5, min
     # Ranks: a rank's transfers against the same reference, over all its collectives.
     ref = table_rows.select("op", "bucket", "n", "reference_busbw_gbs").unique(["op", "bucket", "n"])
     per_rank = (
-        ev.join(ref, on=["op", "bucket", "n"], how="left")
+        samples.join(ref, on=["op", "bucket", "n"], how="left")
         .with_columns(eff=pl.col("busbw") / pl.col("reference_busbw_gbs"))
         .group_by("rank")
         .agg(samples=pl.len(), median_efficiency=pl.col("eff").median())
@@ -100,7 +110,7 @@ def analyse_perf(table: pa.Table | pl.DataFrame, slow_fraction: float = 0.5, min
     slow_ranks = per_rank.filter(pl.col("median_efficiency") < slow_fraction)
     # Links: P2P transfers with a known peer, per (rank, peer).
     # The receiving side measures a transfer (a send may return once its data is handed off).
-    p2p = ev.filter((pl.col("op") == "recv") & pl.col("peer").is_not_null())
+    p2p = samples.filter((pl.col("op") == "recv") & pl.col("peer").is_not_null())
     links = pl.DataFrame()
     slow_links = pl.DataFrame()
     if p2p.height:
@@ -121,6 +131,23 @@ def analyse_perf(table: pa.Table | pl.DataFrame, slow_fraction: float = 0.5, min
         "links": _records(links) if links.height else [],
         "slow_fraction": slow_fraction,
     }
+
+
+NO_PAYLOAD = {
+    "bandwidth": [],
+    "slow_communicators": [],
+    "slow_ranks": [],
+    "slow_links": [],
+    "note": "no operations with payload sizes",
+}
+
+
+def analyse_perf(table: pa.Table | pl.DataFrame, slow_fraction: float = 0.5, min_samples: int = 3) -> dict:
+    """Bandwidth table and flagged slow communicators, ranks and links (see module doc)."""
+    ev = transfers(table)
+    if ev is None:
+        return dict(NO_PAYLOAD)
+    return perf_report(bandwidth_groups(ev), rank_samples(ev), slow_fraction, min_samples)
 
 
 def _records(frame: pl.DataFrame) -> list[dict]:

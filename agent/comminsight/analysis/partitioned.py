@@ -1,0 +1,147 @@
+"""Analyses over a partitioned operations store: what a map task keeps of its partition, and the reduce.
+
+A job's store is partitioned (the site keeps one Parquet file per archive per rank); a map task
+reads one partition and returns a *summary*, a reduce merges the summaries into the report the
+unpartitioned analysis gives on the same rows. Memory per map task is bounded by its partition;
+the reduce holds summaries, not the job's rows.
+
+- **hang** — partitions of whole ranks (every row of a rank in one partition). ``hang_tail`` keeps
+  the rows ``analyze_hang`` can look at: everything not completed, the last ``HANG_TAIL_SEQS``
+  completed sequences of every (stream, rank) - the tail of every communicator - and the few rows
+  that carry a per-(communicator, rank) fact (first row, latest time, latest record, names,
+  sizes, positions). ``hang_reduce`` concatenates the tails in partition order and runs
+  ``analyze_hang``. Exact while the completion watermarks of one stream's members differ by less
+  than HANG_TAIL_SEQS (a collective completes on all its members together; a larger gap means a
+  member's records were lost).
+- **perf** — partitions of whole communicators (every member's rows of the communicator), since
+  operations are matched across members. ``perf_map`` returns the exact per-(communicator, op,
+  size) medians and, per transfer, the five numbers the per-rank and per-link medians need;
+  ``perf_reduce`` takes the reference bandwidths from the groups and the medians from those
+  samples. The samples are one small row per transfer: the reduce's memory grows with the job's
+  transfers (about 30 bytes each), not with its partitions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from comminsight.analysis.hang import analyze_hang
+from comminsight.analysis.perf import NO_PAYLOAD, bandwidth_groups, perf_report, rank_samples, transfers
+from comminsight.evidence import PROGRESS_OP
+from comminsight.evidence.schema import empty_table
+
+HANG_TAIL_SEQS = 64  # completed sequences kept per (stream, rank) below its completion watermark
+
+
+def _frame(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
+    df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    return df
+
+
+def hang_tail(table: pa.Table | pl.DataFrame, tail_seqs: int = HANG_TAIL_SEQS) -> pl.DataFrame:
+    """The rows of one partition (whole ranks) that the hang analysis reads, in their original order."""
+    df = _frame(table).filter(pl.col("op") != "compute").with_row_index("_r")
+    if df.is_empty():
+        return df.drop("_r")
+    done = pl.col("state") == "completed"
+    real = pl.col("op") != PROGRESS_OP
+    stream = ~pl.col("is_p2p") & pl.col("seq").is_not_null() & pl.col("seq_kind").is_not_null()
+    sop = pl.when(pl.col("seq_kind") == "func").then(pl.col("op")).otherwise(pl.lit(""))
+    when_t = pl.max_horizontal("enqueue_ns", "start_ns", "end_ns")
+    first_t = pl.min_horizontal(
+        pl.col("enqueue_ns").fill_null(0).replace(0, None), pl.col("start_ns").fill_null(0).replace(0, None)
+    )
+    df = df.with_columns(
+        _stream=stream,
+        _sop=sop,
+        _t=pl.when(real).then(when_t),
+        _first_t=pl.when(real).then(first_t),
+        _real=real,
+    )
+    group = ["_stream", "comm_id", "seq_kind", "_sop", "rank"]  # a stream per rank; other rows per communicator
+    cr = ["comm_id", "rank"]
+    crp = [*cr, "is_p2p"]
+    p2p_op = ["rank", "comm_id", "op", "peer", "seq"]
+    watermark = ~real & done
+    # Window values first (polars takes no window inside another's aggregation).
+    df = df.with_columns(
+        _wm=pl.col("seq").filter(done).max().over(group),
+        _t_max=pl.col("_t").max().over(group),
+        _size_max=pl.col("comm_size").max().over(group),
+        _first_t_min=pl.col("_first_t").min().over(cr),
+        _progress_max=pl.col("seq").filter(watermark).max().over(crp),
+        # A p2p operation (with a sequence) is pending only when none of its rows completed: keep its
+        # completed rows with the others.
+        _p2p_open=pl.col("is_p2p") & pl.col("seq").is_not_null() & (~done).any().over(p2p_op),
+    )
+
+    def first_where(condition: pl.Expr, over: list[str]) -> pl.Expr:
+        return pl.col("_r") == pl.col("_r").filter(condition).min().over(over)
+
+    keep = (
+        ~done
+        | (pl.col("_stream") & (pl.col("_wm").is_null() | (pl.col("seq") >= pl.col("_wm") - tail_seqs)))
+        | pl.col("_p2p_open")
+        # per (stream or communicator, rank): first row, latest time, latest record, largest size
+        | (pl.col("_r") == pl.col("_r").min().over(group))
+        | (pl.col("_t").is_not_null() & (pl.col("_t") == pl.col("_t_max")))
+        | (pl.col("_r") == pl.col("_r").filter(pl.col("_real")).max().over(group))
+        | first_where(pl.col("comm_size") == pl.col("_size_max"), group)
+        # per (communicator, rank): what membership and names are read from
+        | first_where(pl.col("comm_ranks").is_not_null(), cr)
+        | first_where(pl.col("comm_name").is_not_null(), cr)
+        | first_where(pl.col("comm_desc").is_not_null(), cr)
+        | first_where(pl.col("comm_rank").is_not_null(), cr)
+        | first_where(pl.col("seq").is_not_null(), cr)
+        | first_where(pl.col("_first_t") == pl.col("_first_t_min"), cr)
+        | (pl.col("_r") == pl.col("_r").min().over(crp))
+        # progress watermarks of P2P sequences
+        | first_where(watermark & (pl.col("seq") == pl.col("_progress_max")), crp)
+    )
+    return df.filter(keep.fill_null(False)).drop(
+        "_r",
+        "_stream",
+        "_sop",
+        "_t",
+        "_first_t",
+        "_real",
+        "_wm",
+        "_t_max",
+        "_size_max",
+        "_first_t_min",
+        "_progress_max",
+        "_p2p_open",
+    )
+
+
+def hang_reduce(tails: Iterable[pl.DataFrame], *, silence_s: float = 60.0) -> dict[str, Any]:
+    """The hang report from the partitions' tails, given in partition order."""
+    frames = [t for t in tails if t.height]
+    merged = pl.concat(frames, how="vertical_relaxed") if frames else empty_table()
+    return analyze_hang(merged, silence_s=silence_s)
+
+
+def perf_map(table: pa.Table | pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+    """(per-communicator groups, per-transfer samples) of one partition of whole communicators; None:
+    no operation with a payload."""
+    ev = transfers(table)
+    if ev is None:
+        return None
+    return bandwidth_groups(ev), rank_samples(ev)
+
+
+def perf_reduce(
+    parts: Iterable[tuple[pl.DataFrame, pl.DataFrame] | None], slow_fraction: float = 0.5, min_samples: int = 3
+) -> dict[str, Any]:
+    """The performance report from the partitions' ``perf_map`` results."""
+    present = [p for p in parts if p is not None]
+    if not present:
+        return dict(NO_PAYLOAD)
+    groups = pl.concat([g for g, _ in present], how="vertical_relaxed")
+    samples = pl.concat([s for _, s in present], how="vertical_relaxed")
+    return perf_report(groups, samples, slow_fraction, min_samples)

@@ -1,0 +1,157 @@
+"""Partitioned analyses give the report of the whole table: hang over rank partitions, perf over communicators.
+
+The whole table is read in store order (the site lists a workload's Parquet files by node, rank,
+archive), so the reference here is the table sorted by rank, partitions concatenated in order.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from comminsight.analysis import analyze_hang
+from comminsight.analysis.partitioned import hang_reduce, hang_tail, perf_map, perf_reduce
+from comminsight.analysis.perf import analyse_perf
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS / "analysis_hang"))
+sys.path.insert(0, str(TESTS / "semantic"))
+import synthetic  # noqa: E402
+from hang_simulation import Layout, fr_style, programs_for, run, swap_op  # noqa: E402
+
+
+def by_rank(table: pa.Table) -> pl.DataFrame:
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    return df.sort("rank", maintain_order=True)
+
+
+def rank_partitions(df: pl.DataFrame, ranks_per_partition: int) -> list[pl.DataFrame]:
+    ranks = sorted(df.get_column("rank").unique().to_list())
+    groups = [ranks[i : i + ranks_per_partition] for i in range(0, len(ranks), ranks_per_partition)]
+    return [df.filter(pl.col("rank").is_in(g)) for g in groups]
+
+
+def hang_both_ways(table: pa.Table, ranks_per_partition: int = 3, tail_seqs: int = 1) -> tuple[dict, dict, float]:
+    """(whole report, partitioned report, share of rows the tails kept)."""
+    df = by_rank(table)
+    tails = [hang_tail(part, tail_seqs=tail_seqs) for part in rank_partitions(df, ranks_per_partition)]
+    kept = sum(t.height for t in tails) / max(df.height, 1)
+    return analyze_hang(df), hang_reduce(tails), kept
+
+
+def hang_cases() -> dict[str, pa.Table]:
+    cases: dict[str, pa.Table] = {}
+    for name, layout in {"dp": Layout(1, 1, 8), "tp": Layout(4, 1, 2), "pp": Layout(2, 4, 2)}.items():
+        programs = programs_for(layout, steps=12)
+        rng = np.random.default_rng(len(name))
+        hung = int(rng.integers(layout.world))
+        position = int(rng.integers(len(programs[hung]) // 2, len(programs[hung]) - 1))
+        cases[f"{name}-hung"] = run(layout, programs, hang_at={hung: position})
+        cases[f"{name}-finished"] = run(layout, programs)
+    layout = Layout(4, 1, 2)
+    programs = programs_for(layout, steps=12)
+    programs[6] = swap_op(programs[6], 40, op="broadcast")
+    cases["mismatch"] = run(layout, programs)
+    layout = Layout(1, 4, 1)
+    programs = programs_for(layout, steps=12)
+    for rank, peer in ((1, 2), (2, 1)):
+        position = [i for i, op in enumerate(programs[rank]) if op.op == "recv" and op.peer == peer][5]
+        programs[rank] = swap_op(programs[rank], position, op="send")
+    cases["p2p-deadlock"] = run(layout, programs)
+    layout = Layout(2, 2, 2)
+    table = run(layout, programs_for(layout, steps=12), hang_at={5: 30})
+    cases["no-evidence"] = table.filter(pc.not_equal(table["rank"], 5))
+    return cases
+
+
+HANG_CASES = hang_cases()
+
+
+def _sorted(items: list) -> list:
+    return sorted(items, key=lambda item: json.dumps(item, sort_keys=True))
+
+
+def settled(report: dict) -> dict:
+    """The hang report with the lists whose ties the analysis leaves in no fixed order (on the whole
+    table too: groups with equal sort keys, a rank's blocked groups without times) sorted."""
+    chain = [{**link, "blocks": _sorted(link["blocks"])} for link in report["chain"]]
+    return {**report, "chain": chain, "stuck_groups": _sorted(report["stuck_groups"])}
+
+
+@pytest.mark.parametrize("style", ["timed", "flight_recorder"])
+@pytest.mark.parametrize("case", sorted(HANG_CASES))
+def test_the_hang_report_from_rank_partition_tails_equals_the_whole_tables(case, style):
+    table = HANG_CASES[case] if style == "timed" else fr_style(HANG_CASES[case])
+    whole, partitioned, _ = hang_both_ways(table)
+    assert settled(partitioned) == settled(whole)
+
+
+def test_the_tails_of_a_long_job_keep_a_small_share_of_its_rows():
+    layout = Layout(2, 2, 2)
+    table = run(layout, programs_for(layout, steps=12), hang_at={3: 60})
+    whole, partitioned, kept = hang_both_ways(table, ranks_per_partition=2)
+    assert settled(partitioned) == settled(whole)
+    assert whole["root_cause_ranks"] == [3]
+    assert kept < 0.25
+
+
+def test_one_partition_per_rank_and_one_for_all_give_the_same_hang_report():
+    table = HANG_CASES["pp-hung"]
+    reports = [hang_both_ways(table, ranks_per_partition=n)[1] for n in (1, 16)]
+    assert settled(reports[0]) == settled(reports[1])
+
+
+def canonical(report: dict) -> dict:
+    """Lists of rows sorted (polars' group-by does not fix the order of ties), floats to 12 digits."""
+
+    def norm(value):
+        if isinstance(value, float):
+            return round(value, 12)
+        if isinstance(value, dict):
+            return {k: norm(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return sorted((norm(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
+        return value
+
+    return norm(report)
+
+
+def comm_partitions(table: pa.Table, comms_per_partition: int) -> list[pl.DataFrame]:
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    comms = sorted(df.get_column("comm_id").unique().to_list())
+    groups = [comms[i : i + comms_per_partition] for i in range(0, len(comms), comms_per_partition)]
+    return [df.filter(pl.col("comm_id").is_in(g)) for g in groups]
+
+
+@pytest.mark.parametrize(
+    ("layout", "options"),
+    [
+        ("ddp", {"slow": {2: 2.0}, "seed": 1}),
+        ("megatron", {"slow_comms": {"tp.d1p1": 4.0}}),
+        ("megatron", {"slow_comms": {"pp.d1t1": 5.0}}),
+        ("fsdp", {"seed": 3}),
+    ],
+)
+@pytest.mark.parametrize("comms_per_partition", [1, 3])
+def test_the_perf_report_from_communicator_partitions_equals_the_whole_tables(layout, options, comms_per_partition):
+    table = synthetic.table(layout, **options)
+    whole = analyse_perf(table)
+    partitioned = perf_reduce(perf_map(part) for part in comm_partitions(table, comms_per_partition))
+    assert canonical(partitioned) == canonical(whole)
+    assert whole["bandwidth"]
+
+
+def test_partitions_without_payload_sizes_say_so_like_the_whole_table():
+    df = pl.from_arrow(synthetic.table("ddp", seed=1))
+    assert isinstance(df, pl.DataFrame)
+    table = df.with_columns(bytes=pl.lit(None, dtype=pl.Int64))
+    assert perf_reduce(perf_map(part) for part in comm_partitions(table.to_arrow(), 2)) == analyse_perf(table)
