@@ -96,6 +96,32 @@ def test_the_slowdown_is_estimated_within_ten_percent_of_the_generators_ideal(na
     assert abs(sd["healthy_ratio"] / truth["slowdown"] - 1.0) <= TOLERANCE
 
 
+HALF_SLOW = {
+    "one of two DP groups computes 2x slower": (Fault("compute", {"dp": 1}, factor=2.0), "dp=1"),
+    "the second of two stages runs backward 1.4x slower": (
+        Fault("compute", {"pp": 1}, factor=1.4, phase="backward"),
+        "pp=1",
+    ),
+    "the first of two stages runs backward 1.4x slower": (
+        Fault("compute", {"pp": 0}, factor=1.4, phase="backward"),
+        "pp=0",
+    ),
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("name", list(HALF_SLOW))
+def test_a_group_holding_half_the_ranks_is_named_alone_when_it_is_slow(name: str, seed: int, tmp_path: Path) -> None:
+    # Half the job slow: a reference taken over every rank sits between the two halves and reads
+    # the slowness as noise; the healthy half must be the reference, and nothing named beside it.
+    fault, group = HALF_SLOW[name]
+    job = generate(SMALL, steps=5, faults=(fault,), seed=seed)
+    report = analyse_stragglers(_read_back(job, tmp_path))
+    assert [g["group"] for g in report.culprit_groups] == [group]
+    assert sorted(report.culprits) == job.truth["culprits"]
+    assert abs(report.slowdown["ratio"] / job.truth["slowdown_vs_mean"] - 1.0) <= TOLERANCE
+
+
 def test_removing_or_restoring_any_subset_never_reads_as_a_speed_up(tmp_path: Path) -> None:
     job, _ = _job("64 GPUs TP4xPP4xDP4, DP group 1 computes 2x slower")
     report = analyse_stragglers(_read_back(job, tmp_path))

@@ -42,6 +42,7 @@ from comminsight.semantic.roles import infer_roles
 
 COORDS = ("dp_rank", "pp_rank", "tp_rank")
 NOISE_MULTIPLE = 3.0  # a culprit saves at least this many times the typical rank's saving
+TEMPORAL_SE = 2.0  # a rank set's mean excess must exceed this many standard errors over steps
 WAIT_CLOCK_SLACK_NS = 50_000  # CPU issue times and GPU end times come from different clocks
 
 
@@ -445,16 +446,14 @@ def _ideal_inputs(arrays: dict[str, np.ndarray]) -> None:
     med_work = _quantile(arrays["work_key"], work, 0.5)
     arrays["excess_gap"] = np.nan_to_num(gap - med_gap)
     arrays["excess_work"] = np.nan_to_num(work - med_work)
-    # Per step, the median over ranks of a rank's total excess.
+    # Per rank and step: the rank's total excess. A candidate is compared with the ranks outside
+    # it (see _rank_excess), so half the job being slow does not move its reference.
     n_steps = arrays["step_ids"].size
     rank_ids, rank_index = np.unique(arrays["rank"], return_inverse=True)
     per = np.zeros((rank_ids.size, n_steps))
     np.add.at(per, (rank_index, arrays["step_index"]), arrays["excess_work"] + arrays["excess_gap"])
-    arrays["step_median_excess"] = np.median(per, axis=0)
-    # How much one rank's excess in a step varies around the step's median rank: the job's own
-    # noise (robust: the slow ranks do not widen it).
-    resid = per - arrays["step_median_excess"][None, :]
-    arrays["rank_noise"] = np.float64(1.4826 * np.median(np.abs(resid - np.median(resid))))
+    arrays["rank_excess"] = per
+    arrays["rank_ids"] = rank_ids
     arrays["ideal_carry"] = np.where(first & ~np.isnan(q_carry), np.minimum(carry, q_carry), carry)
     # The what-if study's ideal: every operation at its mean over ranks and steps.
     for name, key, values in (("gap", "gap_key", gap), ("work", "work_key", work), ("carry", "gap_key", carry)):
@@ -507,35 +506,56 @@ def _noise_threshold(singles: np.ndarray, step: float, min_gain: float) -> float
     return max(med + NOISE_MULTIPLE * spread, NOISE_MULTIPLE * max(med, 0.0), min_gain * step)
 
 
-def _excess(
-    arrays: dict[str, np.ndarray], work: np.ndarray, gap: np.ndarray, ranks: set[int] | None = None
-) -> np.ndarray:
-    """Per step: how much longer the masked events' durations and gaps were than the median's.
-
-    Jitter sums to about zero around the median; slowness does not. For a set of ranks, each
-    rank's excess is taken relative to the median rank's in the same step: a step in which
-    everyone ran slower (or faster) says nothing about who is slow.
-    """
+def _excess(arrays: dict[str, np.ndarray], work: np.ndarray, gap: np.ndarray) -> np.ndarray:
+    """Per step: how much longer the masked events' durations and gaps were than the median's."""
     x = np.where(work, arrays["excess_work"], 0.0) + np.where(gap, arrays["excess_gap"], 0.0)
-    out = np.bincount(arrays["step_index"], weights=x, minlength=arrays["step_ids"].size)
-    if ranks:
-        out = out - len(ranks) * arrays["step_median_excess"]
-    return out
+    return np.bincount(arrays["step_index"], weights=x, minlength=arrays["step_ids"].size)
+
+
+def _rank_excess(
+    arrays: dict[str, np.ndarray], extra: np.ndarray, ranks: set[int], exclude: set[int]
+) -> tuple[np.ndarray, float]:
+    """A set of ranks' excess over the typical rank outside it, per step, and the noise of that.
+
+    The reference is the ranks outside the set (and outside ``exclude``, the culprits already
+    named): per step, their median total excess, and the robust spread of a rank's excess around
+    it, pooled over ranks and steps. Jitter then sums to about zero and a step in which everyone
+    ran slower says nothing; and when half the job is slow (one of two pipeline stages, one of two
+    DP groups) the healthy half alone is the reference, where a median over every rank would sit
+    between the two halves and read the slowness itself as noise.
+    Returns (excess per step, standard deviation of that excess for a healthy set of this size).
+    """
+    per = arrays["rank_excess"]
+    outside = ~np.isin(arrays["rank_ids"], list(ranks | exclude))
+    if outside.sum() < 2:
+        outside = ~np.isin(arrays["rank_ids"], list(ranks))
+    if outside.sum() < 1 or not ranks:
+        return extra, 0.0
+    typical = np.median(per[outside], axis=0)
+    resid = per[outside] - typical[None, :]
+    spread = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
+    # The set's own jitter plus that of the reference (a median of m ranks varies about 1.57 / m
+    # times one rank's variance), times the set's size.
+    k, m = len(ranks), int(outside.sum())
+    return extra - k * typical, spread * np.sqrt(k + 1.57 * k * k / m)
 
 
 def _significant(extra: np.ndarray, pooled_sd: float = 0.0) -> bool:
-    """Excess above zero by more than three standard errors (any positive one when one step).
+    """Excess above zero by more than noise (any positive one when one step).
 
-    With ``pooled_sd`` (what a subset of healthy ranks of the same size shows in a step): the
-    median over steps against it (a few outlier steps do not make a culprit; a straggler that
-    starts late in the trace still does). Without it (a communicator): the mean against the
-    subset's own spread over steps.
+    With ``pooled_sd`` (what a set of healthy ranks of the same size shows in a step): the median
+    over steps against it (a few outlier steps do not make a culprit; a straggler that starts late
+    in the trace still does), and the mean against the set's own spread over steps. The second
+    test catches what the first cannot: noise shared by the members of a group (a TP group's
+    collectives take one time for all), which the per-rank spread does not see. Without it (a
+    communicator): the mean against the subset's own spread over steps.
     """
     if extra.size < 2:
         return bool(extra.sum() > 0)
-    if pooled_sd > 0:
-        return float(np.median(extra)) > NOISE_MULTIPLE * 1.25 * pooled_sd / np.sqrt(extra.size)
     se = float(extra.std(ddof=1)) / np.sqrt(extra.size)
+    if pooled_sd > 0:
+        steady = extra.size < 3 or float(extra.mean()) > TEMPORAL_SE * se
+        return steady and float(np.median(extra)) > NOISE_MULTIPLE * 1.25 * pooled_sd / np.sqrt(extra.size)
     return float(extra.mean()) > max(NOISE_MULTIPLE * se, 0.0)
 
 
@@ -727,9 +747,15 @@ def analyse_stragglers(
     # (a rank that only waited for it saves nothing any more), while the saving stands out from
     # the job's noise, holds across steps, and the subset's own operations were slower than their
     # peers' by more than jitter (see _excess).
+    # A later culprit must already have cost something in the job as observed, or be about as
+    # slow (per rank) as the first: once the first culprit is gone, the critical path moves, and a
+    # part of the program that is merely a little longer by construction (a first stage holding
+    # the embedding) would otherwise "save" time only in that hypothetical job.
     chosen = _Candidate(set(), nothing, nothing)
     groups: list[dict] = []
     current = actual
+    observed_cost: set[str] = set()
+    first_rate = 0.0
     for _ in range(max_culprit_groups if subsets else 0):
         open_names = [n for n in names if (cands[n].work & ~chosen.work).any() or (cands[n].gap & ~chosen.gap).any()]
         if not open_names:
@@ -746,9 +772,10 @@ def analyse_stragglers(
         for n, v in savings.items():
             c = cands[n]
             rank_based = not n.startswith("comm=")
-            extra = _excess(
-                arrays, c.work & ~chosen.work, c.gap & ~chosen.gap, c.ranks - chosen.ranks if rank_based else None
-            )
+            extra = _excess(arrays, c.work & ~chosen.work, c.gap & ~chosen.gap)
+            pooled = 0.0
+            if rank_based:
+                extra, pooled = _rank_excess(arrays, extra, c.ranks - chosen.ranks, chosen.ranks)
             # A candidate must stand out from the others of its kind (the other ranks, DP ranks,
             # stages: itself left out); a group also from single ranks (making a whole group
             # typical trims more jitter than one rank).
@@ -758,7 +785,11 @@ def analyse_stragglers(
             if kind != "rank":
                 bar = max(threshold, bar)
             consistency = float((current - totals[n] > 0.5 * bar).mean())
-            pooled = float(arrays["rank_noise"]) * np.sqrt(len(c.ranks - chosen.ranks)) if rank_based else 0.0
+            if not groups and v > bar:
+                observed_cost.add(n)
+            rate = float(extra.mean()) / max(len(c.ranks - chosen.ranks), 1)
+            if groups and n not in observed_cost and rate < 0.5 * first_rate:
+                continue
             if v > bar and consistency >= 0.5 and _significant(extra, pooled):
                 passing[n] = (float(extra.mean()), consistency)
         if not passing:
@@ -779,6 +810,8 @@ def analyse_stragglers(
         consistency = passing[name][1]
         c = cands[name]
         new_members = c.ranks - chosen.ranks
+        if not groups:
+            first_rate = passing[name][0] / max(len(new_members), 1)
         chosen = _Candidate(chosen.ranks | c.ranks, chosen.work | c.work, chosen.gap | c.gap)
         split = _run(arrays, [_Scenario(c.work & comp, c.gap), _Scenario(c.work & ~comp, nothing)])
         groups.append(
