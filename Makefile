@@ -1,6 +1,7 @@
 # CommInsight: one entry point for set-up, running and testing.
 #   make run    set up everything, then start the site (embedded defaults unless configured)
 #   make test   set up everything, then run every test against PostgreSQL and Redis
+#   make openapi  write docs/api/openapi.yaml from the API (after changing it)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -11,7 +12,7 @@ PIP := $(VENV)/bin/pip
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/comminsight
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: setup venv frontend profiler run test lint test-python test-native chromium clean install-node
+.PHONY: setup venv frontend profiler run test lint test-python test-native chromium clean install-node openapi
 
 setup: venv profiler frontend
 
@@ -60,6 +61,12 @@ install-node: venv profiler
 
 chromium:
 	@command -v /usr/bin/chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+# The committed API contract (docs/api/openapi.yaml): regenerate after an API change; a test compares it with
+# what the site serves at /api/schema/. The schema does not depend on the database: embedded defaults suffice.
+openapi: venv
+	env -u DATABASE_URL -u REDIS_URL \
+	  $(PY) manage.py spectacular --validate --fail-on-warn --file docs/api/openapi.yaml
 
 lint: venv
 	$(VENV)/bin/ruff check .

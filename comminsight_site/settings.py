@@ -118,8 +118,13 @@ DATABASES = {"default": env.db_url("DATABASE_URL", default=f"sqlite:///{DATA_DIR
 DATABASES["default"]["TEST"] = {"NAME": env.str("COMMINSIGHT_TEST_DB_NAME", default=f"test_comminsight_{os.getpid()}")}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["TEST"] = {}
-    # Embedded mode: wait for a concurrent writer instead of failing at once.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # Embedded mode: wait for a concurrent writer instead of failing at once. Daphne's threads and the in-process
+    # tasks write at the same time (the demo's agent uploads while ingest runs): a transaction that read first
+    # and writes later cannot wait for the lock (SQLite answers "database is locked" at once), so every
+    # transaction takes the write lock when it begins; WAL lets pages read meanwhile.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        timeout=20, transaction_mode="IMMEDIATE", init_command="PRAGMA journal_mode=WAL;"
+    )
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
 # PostgreSQL: a connection pool per process. Under ASGI each request's sync code runs in a thread of its own, so
 # CONN_MAX_AGE cannot keep connections; without a pool every request pays for a new server backend (~10 ms).

@@ -258,8 +258,13 @@ def upload_finalize(*, owner: User, upload_id: uuid.UUID) -> tuple[Archive, bool
         if upload.offset != upload.size:
             raise UploadConflict(f"upload has {upload.offset} of {upload.size} bytes", offset=upload.offset)
         path = part_path(upload)
-        # Appends do not fsync; the one durable point of an upload is here, before the archive is registered.
-        mismatch = file_sha256(path, sync=True) != upload.sha256
+        if not path.exists() and _stored_archive(upload.sha256, upload.size):
+            # An earlier finalize verified these bytes and moved them into the store, then its transaction
+            # was rolled back (a busy database): register them from there instead of failing every retry.
+            mismatch = False
+        else:
+            # Appends do not fsync; the one durable point of an upload is here, before the archive is registered.
+            mismatch = file_sha256(path, sync=True) != upload.sha256
         if mismatch:
             # The bytes are not what was announced: discard (committed below), the client starts over.
             path.unlink(missing_ok=True)
@@ -325,6 +330,15 @@ def upload_oneshot(
         tmp.unlink(missing_ok=True)
 
 
+def _stored_archive(sha256: str, size: int) -> str | None:
+    """The store location of verified bytes already stored under this sha256 with this size, else None."""
+    store = object_store()
+    location = store.location(archive_key(sha256))
+    if store.exists(location) and store.size(location) == size:
+        return location
+    return None
+
+
 def archive_register(
     *,
     source_path: Path,
@@ -349,7 +363,12 @@ def archive_register(
         return existing, False
     # Identical bytes under an identical name: a racing registration may have stored them already.
     # Locally a rename made durable; in object storage a streamed (multipart) upload.
-    path = str(Path(source_path)) if keep_in_place else object_store().put_file(Path(source_path), archive_key(sha256))
+    if keep_in_place:
+        path = str(Path(source_path))
+    elif not Path(source_path).exists() and (stored := _stored_archive(sha256, size)):
+        path = stored  # moved in by a registration whose transaction did not commit
+    else:
+        path = object_store().put_file(Path(source_path), archive_key(sha256))
     try:
         with transaction.atomic():
             archive = Archive.objects.create(

@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from django.test import Client
 from django.urls import reverse
 
@@ -71,6 +71,33 @@ def test_upload_interrupted_and_resumed_ends_ingested(personas, archive_file, dj
     workload = Workload.objects.get(external_id="job-7", owner=personas.alice)
     assert list(workload.nodes.values_list("name", flat=True)) == ["10.0.0.1"]
     assert workload.communicators.get().ranks == [0, 1]
+
+
+def test_a_finalize_whose_transaction_failed_after_storing_the_bytes_succeeds_when_retried(
+    personas, archive_file, monkeypatch
+):
+    # Seen with the demo on SQLite: the bytes were moved into the store, then "database is locked" rolled the
+    # registration back, and every retry of the agent failed on the missing part file.
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {personas.agent_secret}", raise_request_exception=False)
+    data = archive_file.read_bytes()
+    upload_id = create(client, archive_file).json()["upload_id"]
+    assert patch(client, upload_id, 0, data).status_code == 204
+    real_create = Archive.objects.create
+    failures = iter([OperationalError("database is locked")])
+
+    def create_once_failing(**fields):
+        if (failure := next(failures, None)) is not None:
+            raise failure
+        return real_create(**fields)
+
+    monkeypatch.setattr(Archive.objects, "create", create_once_failing)
+    assert finalize(client, upload_id).status_code == 500
+    assert not Archive.objects.exists()
+    retried = finalize(client, upload_id)
+    assert retried.status_code == 201
+    archive = Archive.objects.get(sha256=sha256_of(archive_file))
+    assert object_store().read_bytes(archive.path) == data
+    assert finalize(client, upload_id).status_code == 200
 
 
 def test_wrong_chunk_checksum_appends_nothing(personas, archive_file):
