@@ -30,7 +30,8 @@ from apps.workloads.live import publish_workload_changed
 from apps.workloads.models import SystemSettings, Workload
 from apps.workloads.names import operations_named
 from apps.workloads.selectors import workload_can_manage
-from comminsight.evidence.schema import SCHEMA, empty_table
+from comminsight.evidence.schema import empty_table
+from comminsight.formats.operations import ROWS_SCHEMA, finish
 from comminsight_site.objectstore import object_store
 
 from .models import AnalysisJob, AnalysisKind, JobState, StepCalibration
@@ -154,10 +155,14 @@ def store_fingerprint(files: list[str]) -> str:
 
 
 def load_operations(files: list[str]) -> pa.Table:
-    """The workload's operations table: every Parquet object of its store read as one dataset (whole columns)."""
+    """The workload's operations table: every Parquet object of its store read as one dataset (whole columns).
+
+    Archive ingest stores the record decoder's first-step rows; its second step (P2P peers to global
+    ranks, canonical order) runs here over the whole workload, exactly as the CLI runs it over a home.
+    """
     if not files:
         return empty_table()
-    return object_store().dataset(files, schema=SCHEMA).to_table()
+    return finish(object_store().dataset(files, schema=ROWS_SCHEMA).to_table())
 
 
 # --- Requesting and running ------------------------------------------------------------------------------------

@@ -507,7 +507,7 @@ def _archive_operations_record(archive: Archive) -> int:
     import pyarrow.dataset as ds
 
     from apps.workloads.ingest import path_part, store_prefix
-    from comminsight.evidence.schema import SCHEMA
+    from comminsight.formats.operations import ROWS_SCHEMA, finish
     from comminsight_site.objectstore import object_store
 
     if archive.first_ns is None or archive.last_ns is None:
@@ -519,7 +519,7 @@ def _archive_operations_record(archive: Archive) -> int:
     start = archive.first_ns - STEP_CONTEXT_NS
     end, begin = ds.field("end_ns"), ds.field("start_ns")  # either may be unknown (null) for a source
     window = (end.is_null() | (end >= start)) & (begin.is_null() | (begin <= archive.last_ns))
-    table = store.dataset(files, schema=SCHEMA).to_table(filter=window)
+    table = finish(store.dataset(files, schema=ROWS_SCHEMA).to_table(filter=window))
     operations = pl.from_arrow(table)
     assert isinstance(operations, pl.DataFrame)
     try:

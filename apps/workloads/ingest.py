@@ -10,6 +10,11 @@ ratio; each member checked against the manifest's size and sha256). Output is fi
 ``<data dir>/store/.staging/<sha256>/`` and moved into place only after every member verified, so a
 bad archive leaves nothing behind: it is quarantined with the reason, which its owner sees.
 
+Segments become rows through the one record decoder (``comminsight.formats.operations``): the store
+keeps its first step's rows (P2P peers still communicator ranks, in ``peer_in_comm``), and
+``apps.analysis.services.load_operations`` finishes them over the whole workload, so the site's table
+equals the CLI's on the home the archives came from.
+
 Store layout (Parquet, one file per archive and rank)::
 
     <data dir>/store/workload-<workload pk>/node-<node>/rank-<global rank>/<archive sha256>.parquet
@@ -41,12 +46,11 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from comminsight.evidence.schema import conform
-from comminsight.formats import header
 from comminsight.formats.archive import ArchiveError, ArchiveLimits, read_archive
 from comminsight.formats.boundedjson import JSONLimitError, loads_bounded
+from comminsight.formats.operations import SegmentRecords, segment_rows
 from comminsight.formats.rawlog import RawLogError as SegmentError
-from comminsight.formats.rawlog import parse_header, records_from_bytes
+from comminsight.formats.rawlog import segment_records
 from comminsight.formats.samples import SamplesError, read_samples
 from comminsight_site.objectstore import object_store
 
@@ -183,21 +187,6 @@ def manifest_facts(manifest: dict[str, Any]) -> ManifestFacts:
     )
 
 
-def _segment_converter() -> Any:
-    """The rawlog importer's record -> operations mapping when present, else the archive importer's."""
-    try:
-        from comminsight.importers import rawlog  # type: ignore[attr-defined]
-
-        convert = getattr(rawlog, "records_to_operations", None)
-        if convert is not None:
-            return lambda records, hdr, manifest: convert(records, hdr, source="archive")
-    except ImportError:
-        pass
-    from comminsight.importers.archive import records_to_table
-
-    return records_to_table
-
-
 @dataclass
 class StagedArchive:
     facts: ManifestFacts
@@ -222,8 +211,6 @@ def stage_archive(archive: Archive) -> StagedArchive:
 def _stage_members(archive: Archive, staging: Path, manifest: dict[str, Any], members: Any) -> StagedArchive:
     facts = manifest_facts(manifest)
     staged = StagedArchive(facts=facts, staging=staging)
-    convert = _segment_converter()
-    header_size = header.constants()["CI_LOG_HEADER_SIZE"]
     writers: dict[int, pq.ParquetWriter] = {}
     segment_members: dict[str, set[int]] = {}  # communicator -> global ranks whose segments hold its records
     try:
@@ -254,14 +241,14 @@ def _stage_members(archive: Archive, staging: Path, manifest: dict[str, Any], me
             if not name.startswith("segments/"):
                 continue
             try:
-                hdr = parse_header(data, Path(name))
+                hdr, records, corrupt = segment_records(data, Path(name))
             except SegmentError as exc:
                 raise IngestError(str(exc)) from exc
-            records, _, corrupt = records_from_bytes(memoryview(data)[header_size:])
             staged.corrupt_records += corrupt
             if len(records) == 0:
                 continue
-            table = conform(convert(records, hdr, manifest))
+            # Step-1 rows of the one record decoder: load_operations finishes them over the whole store.
+            table = segment_rows([SegmentRecords(hdr, records)])
             rank = hdr.global_rank if hdr.global_rank >= 0 else -1
             if rank >= 0:
                 for comm in np.unique(records["comm_hash"]).tolist():

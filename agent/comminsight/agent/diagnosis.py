@@ -4,9 +4,9 @@ When a hang is suspected the agent has, per stream (communicator, op, rank, peer
 the highest completed operation, and the record of every operation in flight (LiveState keeps
 both, bounded by the number of streams). That is exactly what ``comminsight.analysis.hang``
 needs: per rank and stream the completion watermark and the pending operations. The records are
-written as raw-log segments (one per writer process, with its global rank in the header) into a
-temporary directory and read back by the raw-log importer, so the live answer goes through the
-same decoder and the same analysis as ``comminsight analyze hang <home>`` would offline.
+grouped as raw-log segments would be (one per writer process, with its global rank in the header)
+and decoded by the one record decoder (``comminsight.formats.operations``), so the live answer goes
+through the same decoder and the same analysis as ``comminsight analyze hang <home>`` would offline.
 
 A master merges its slaves' evidence (each report carries its node's records) before the analysis,
 so the chain crosses nodes.
@@ -15,17 +15,15 @@ so the chain crosses nodes.
 from __future__ import annotations
 
 import base64
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from comminsight.analysis.hang import analyze_hang
 from comminsight.formats import header
-from comminsight.importers import EvidenceError
-from comminsight.importers import rawlog as rawlog_importer
+from comminsight.formats.operations import SegmentRecords, operations
+from comminsight.formats.rawlog import SegmentHeader
 
 MAX_EVIDENCE_RECORDS = 1 << 18  # per node; a report beyond this is refused (64 MiB of records)
 # What one report or heartbeat carries per node (records of 256 bytes, base64: ~460 KiB of JSON), so a
@@ -78,51 +76,33 @@ class NodeEvidence:
         return cls(node, records, pid_rank)
 
 
-def _segment_header(pid: int, global_rank: int, host: str) -> np.ndarray:
-    consts = header.constants()
-    hdr = np.zeros(1, header.struct_dtype("ci_log_header"))
-    hdr["magic"] = consts["CI_LOG_MAGIC"]
-    hdr["version"] = consts["CI_FORMAT_VERSION"]
-    hdr["header_size"] = consts["CI_LOG_HEADER_SIZE"]
-    hdr["record_size"] = consts["CI_RECORD_SIZE"]
-    hdr["pid"] = pid
-    hdr["local_rank"] = -1
-    hdr["global_rank"] = global_rank
-    hdr["world_size"] = -1
-    hdr["host"] = host.encode()[:63]
-    return hdr
-
-
-def write_segments(evidence: list[NodeEvidence], directory: Path) -> int:
-    """Write each node's records as raw-log segments, one per writer pid; returns segments written."""
-    consts = header.constants()
-    written = 0
-    for n, item in enumerate(evidence):
-        records = item.records.copy()
-        if not len(records):
-            continue
-        # An agent-requested snapshot reads like the profiler's own timeout snapshot: an op in flight.
-        records["state"][records["state"] == consts["CI_STATE_INFLIGHT"]] = consts["CI_STATE_TIMEOUT"]
-        header.seal_records(records)
+def evidence_segments(evidence: list[NodeEvidence]) -> list[SegmentRecords]:
+    """Each node's records as segments, one per writer pid (with its global rank), as a home would hold them."""
+    parts = []
+    for item in evidence:
+        records = item.records  # an agent-requested INFLIGHT snapshot decodes like the plugin's TIMEOUT one
         for pid in np.unique(records["pid"]).tolist():
-            mine = records[records["pid"] == pid]
-            path = directory / f"node{n}-{pid}-0-0.cilog"
-            with open(path, "wb") as handle:
-                handle.write(_segment_header(pid, item.pid_rank.get(pid, -1), item.node).tobytes())
-                handle.write(mine.tobytes())
-            written += 1
-    return written
+            hdr = SegmentHeader(
+                pid=pid,
+                start_ns=0,
+                segment_index=0,
+                local_rank=-1,
+                global_rank=item.pid_rank.get(pid, -1),
+                world_size=-1,
+                host=item.node,
+                workload_id="",
+                node_ip="",
+            )
+            parts.append(SegmentRecords(hdr, records[records["pid"] == pid]))
+    return parts
 
 
 def diagnose(evidence: list[NodeEvidence]) -> dict[str, Any] | None:
     """Root cause of a live hang: ``root_cause_ranks``, ``first_stuck`` and ``summary``; None without evidence."""
-    with tempfile.TemporaryDirectory(prefix="comminsight-diagnosis-") as tmp:
-        if not write_segments(evidence, Path(tmp)):
-            return None
-        try:
-            table = rawlog_importer.load(Path(tmp))
-        except EvidenceError:
-            return None
+    parts = evidence_segments(evidence)
+    if not parts:
+        return None
+    table = operations(parts)
     report = analyze_hang(table)
     if report["verdict"] != "hang":
         return None

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from comminsight.formats import header
-from comminsight.formats.rawlog import RawLogError, SegmentHeader, parse_header, records_from_bytes
+from comminsight.formats.rawlog import RawLogError, SegmentHeader, parse_header, records_from_bytes, segment_records
 
 __all__ = [
     "OPEN_SUFFIX",
@@ -45,10 +45,7 @@ def read_header(path: Path) -> SegmentHeader:
 
 def read_segment(path: Path) -> tuple[SegmentHeader, np.ndarray, int]:
     """(header, valid records, corrupt count) of a whole segment."""
-    raw = Path(path).read_bytes()
-    hdr = parse_header(raw, path)
-    records, _, corrupt = records_from_bytes(memoryview(raw)[header.constants()["CI_LOG_HEADER_SIZE"] :])
-    return hdr, records, corrupt
+    return segment_records(Path(path).read_bytes(), Path(path))
 
 
 def read_from(path: Path, offset: int, max_bytes: int) -> tuple[np.ndarray, int, int]:

@@ -49,7 +49,8 @@ def _decode_header(raw: np.void) -> dict[str, Any]:
         if name.startswith("_"):
             continue
         value = raw[name]
-        out[name] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value.item()
+        # A C string ends at its first NUL; bytes after it are stale, not text.
+        out[name] = value.split(b"\0", 1)[0].decode("utf-8", "replace") if isinstance(value, bytes) else value.item()
     return out
 
 
@@ -126,6 +127,23 @@ def records_from_bytes(raw: bytes | memoryview) -> tuple[np.ndarray, int, int]:
     ok = header.valid_records(records)
     corrupt = int(whole - np.count_nonzero(ok))
     return (records[ok] if corrupt else records), whole, corrupt
+
+
+def segment_records(raw: bytes | memoryview, path: Path) -> tuple[SegmentHeader, np.ndarray, int]:
+    """(header, valid records, corrupt count) of a whole segment's bytes; RawLogError for a bad header.
+
+    What every reader of segments uses (files in a home, archive members, the agent's seals); the
+    records become operations through ``comminsight.formats.operations``.
+    """
+    hdr = parse_header(raw, path)
+    records, _, corrupt = records_from_bytes(memoryview(raw)[header.constants()["CI_LOG_HEADER_SIZE"] :])
+    return hdr, records, corrupt
+
+
+def read_segment_records(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[SegmentHeader, np.ndarray, int]:
+    """:func:`segment_records` of the segment file at ``path`` (at most ``max_bytes``)."""
+    path = Path(path)
+    return segment_records(_read_bytes(path, max_bytes), path)
 
 
 def read_segment(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Segment:
