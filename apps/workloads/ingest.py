@@ -54,8 +54,9 @@ from comminsight.formats.rawlog import segment_records
 from comminsight.formats.samples import SamplesError, read_samples
 from comminsight_site.objectstore import object_store
 
+from .bulk import communicators_merge, ranks_upsert
 from .live import publish_workload_changed
-from .models import Archive, ArchiveSource, ArchiveState, Communicator, Node, Rank, Workload
+from .models import Archive, ArchiveSource, ArchiveState, Node, Workload
 from .names import communicator_names_apply, stage_process_group_table
 
 logger = logging.getLogger(__name__)
@@ -101,6 +102,13 @@ def _int(value: Any, what: str, low: int = -1, high: int = 1 << 63) -> int:
     return value
 
 
+def _rank_list(values: list[Any], what: str) -> list[int]:
+    """Distinct global ranks, sorted; one pass in C-level builtins (a manifest may list 200,000 of them)."""
+    if not all(type(value) is int for value in values) or (values and not 0 <= min(values) <= max(values) < 1 << 31):
+        raise IngestError(f"manifest {what} must be integers in [0, {1 << 31})")
+    return sorted(set(values))
+
+
 def _text(value: Any, what: str, required: bool = True, limit: int = 200) -> str:
     if value is None and not required:
         return ""
@@ -138,7 +146,7 @@ def manifest_facts(manifest: dict[str, Any]) -> ManifestFacts:
     ranks = manifest.get("ranks", [])
     if not isinstance(ranks, list) or len(ranks) > MAX_MANIFEST_RANKS:
         raise IngestError("manifest ranks must be a list of global ranks")
-    ranks = sorted({_int(r, "rank", 0, 1 << 31) for r in ranks})
+    ranks = _rank_list(ranks, "ranks")
     comms = manifest.get("communicators", [])
     if not isinstance(comms, list) or len(comms) > MAX_MANIFEST_COMMUNICATORS:
         raise IngestError("manifest communicators must be a list")
@@ -160,7 +168,7 @@ def manifest_facts(manifest: dict[str, Any]) -> ManifestFacts:
                 "comm_hash": comm_hash,
                 "comm_name": _text(comm.get("comm_name"), "comm_name", required=False),
                 "nranks": _int(comm.get("nranks", 0), "nranks", 0, 1 << 31),
-                "ranks": sorted({_int(r, "communicator rank", 0, 1 << 31) for r in members}),
+                "ranks": _rank_list(members, "communicator ranks"),
                 "positions": _positions(positions),
                 "first_ns": _int(comm.get("first_ns", 0), "communicator first_ns", 0) or None,
             }
@@ -213,6 +221,7 @@ def _stage_members(archive: Archive, staging: Path, manifest: dict[str, Any], me
     staged = StagedArchive(facts=facts, staging=staging)
     writers: dict[int, pq.ParquetWriter] = {}
     segment_members: dict[str, set[int]] = {}  # communicator -> global ranks whose segments hold its records
+    segment_ranks: set[int] = set()  # global ranks named by a segment header
     try:
         for name, data in members:
             if name.startswith("hang/"):
@@ -244,6 +253,8 @@ def _stage_members(archive: Archive, staging: Path, manifest: dict[str, Any], me
                 hdr, records, corrupt = segment_records(data, Path(name))
             except SegmentError as exc:
                 raise IngestError(str(exc)) from exc
+            if hdr.global_rank >= 0:
+                segment_ranks.add(hdr.global_rank)
             staged.corrupt_records += corrupt
             if len(records) == 0:
                 continue
@@ -261,7 +272,7 @@ def _stage_members(archive: Archive, staging: Path, manifest: dict[str, Any], me
     finally:
         for writer in writers.values():
             writer.close()
-    staged.facts = _with_segment_ranks(facts, segment_members)
+    staged.facts = _with_segment_ranks(facts, segment_ranks, segment_members)
     return staged
 
 
@@ -280,26 +291,34 @@ def _stage_samples(archive: Archive, staged: StagedArchive, name: str, data: byt
         staged.samples_files.append(target)
 
 
-def _with_segment_ranks(facts: ManifestFacts, segment_members: dict[str, set[int]]) -> ManifestFacts:
-    """The manifest's ranks and communicator members, completed by what the segments hold.
+def _with_segment_ranks(
+    facts: ManifestFacts, segment_ranks: set[int], segment_members: dict[str, set[int]]
+) -> ManifestFacts:
+    """The ranks and communicators the archive's segments hold, described by the manifest where it can.
 
-    The segments are the truth: a manifest can list no ranks (an agent that saw every rank of a lab job as
-    its own host: nNodes 2, nranks 2 on one machine) while the segments carry both ranks' records, each
-    segment header naming its global rank.
+    The segments are the truth, and they bound what ingest writes: a rank is kept when a segment header names
+    it, a communicator when a segment holds one of its records, a communicator's members and positions when
+    they are such ranks. A manifest may list fewer (an agent that saw every rank of a lab job as its own host
+    lists none while the segments carry both ranks' records) or far more (a 95 KB manifest naming 200,000
+    ranks): rows stay proportional to the data either way. The manifest adds names, sizes, positions and times.
     """
-    ranks = sorted(set(facts.ranks).union(*segment_members.values()))
+    held = segment_ranks.union(*segment_members.values())
+    listed = {comm["comm_hash"]: comm for comm in facts.communicators}
     communicators = []
-    listed = set()
-    for comm in facts.communicators:
-        listed.add(comm["comm_hash"])
-        members = sorted(set(comm["ranks"]) | segment_members.get(comm["comm_hash"], set()))
-        communicators.append({**comm, "ranks": members, "nranks": max(comm["nranks"], len(members))})
     for comm_hash, members in sorted(segment_members.items()):
-        if comm_hash not in listed:
-            communicators.append(
-                {"comm_hash": comm_hash, "comm_name": "", "nranks": len(members), "ranks": sorted(members)}
-            )
-    return dataclasses.replace(facts, ranks=ranks, communicators=communicators)
+        comm = listed.get(comm_hash, {})
+        positions = {rank: at for rank, at in comm.get("positions", {}).items() if int(rank) in members}
+        communicators.append(
+            {
+                "comm_hash": comm_hash,
+                "comm_name": comm.get("comm_name", ""),
+                "nranks": max(comm.get("nranks", 0), len(members)),
+                "ranks": sorted(members),
+                "positions": positions,
+                "first_ns": comm.get("first_ns"),
+            }
+        )
+    return dataclasses.replace(facts, ranks=sorted(held), communicators=communicators)
 
 
 def _publish(staged: StagedArchive, workload: Workload, archive: Archive) -> list[str]:
@@ -323,27 +342,16 @@ def _publish(staged: StagedArchive, workload: Workload, archive: Archive) -> lis
 def workload_facts_apply(workload: Workload, facts: ManifestFacts) -> Node:
     """Merge what one node reported (its ranks, communicators, time range) into ``workload``; return the node.
 
-    Shared by archive ingest and ``import_evidence`` so both keep the metadata the same way.
+    Shared by archive ingest and ``import_evidence`` so both keep the metadata the same way. Ranks and
+    communicators are written in bulk (``apps.workloads.bulk``): call it inside a short transaction.
     """
     now = timezone.now()
     node, _ = Node.objects.get_or_create(workload=workload, name=facts.node)
     node.host = facts.host or node.host
     node.node_ip = facts.node_ip or node.node_ip
     node.save(update_fields=["host", "node_ip", "last_seen_at"])
-    for rank in facts.ranks:
-        Rank.objects.update_or_create(workload=workload, rank=rank, defaults={"node": node})
-    for comm in facts.communicators:
-        existing = Communicator.objects.filter(workload=workload, comm_hash=comm["comm_hash"]).first()
-        if existing is None:
-            Communicator.objects.create(workload=workload, **comm)
-        else:
-            existing.ranks = sorted(set(existing.ranks) | set(comm["ranks"]))
-            existing.nranks = max(existing.nranks, comm["nranks"])
-            existing.comm_name = existing.comm_name or comm["comm_name"]
-            existing.positions = {**existing.positions, **comm.get("positions", {})}
-            if comm.get("first_ns"):
-                existing.first_ns = min(existing.first_ns or comm["first_ns"], comm["first_ns"])
-            existing.save()
+    ranks_upsert(workload, node, facts.ranks)
+    communicators_merge(workload, facts.communicators)
     if facts.first_ns is not None:
         workload.first_ns = min(workload.first_ns or facts.first_ns, facts.first_ns)
     if facts.last_ns is not None:

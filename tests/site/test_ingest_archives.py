@@ -328,3 +328,62 @@ def test_ranks_come_from_the_segments_when_the_manifest_lists_none(personas, tmp
     workload = Workload.objects.get(owner=personas.alice, external_id="job-7")
     assert sorted(workload.ranks.values_list("rank", flat=True)) == [0, 1]
     assert workload.communicators.get().ranks == [0, 1]
+
+
+def test_a_manifest_listing_200000_ranks_and_20000_communicators_writes_only_what_the_segments_hold(personas, tmp_path):
+    """A cheap manifest must not buy an expensive ingest: rows are bounded by the segments (2 ranks, 1 communicator
+    here), whatever the manifest lists; what it says about a communicator the segments hold is kept."""
+    from comminsight.formats.archive import ArchiveMember, write_archive
+
+    manifest = manifest_for(ranks=tuple(range(200_000)))
+    manifest["communicators"] += [
+        {"comm_hash": f"0x{n:016x}", "comm_name": f"c{n}", "nranks": 200_000, "ranks": [n]} for n in range(20_000)
+    ]
+    manifest["communicators"][0]["positions"] = {"0": 0, "1": 1, "7": 2}
+    members = [ArchiveMember(f"segments/s{r}.cilog.sealed", data=segment_bytes(r), records=8) for r in (0, 1)]
+    path = write_archive(tmp_path / "ci-job-7-10.0.0.1-1-2.tar.zst", manifest, members).path
+    archive = register(path, personas.alice)
+    assert ingest.archive_ingest(archive.pk) == ArchiveState.INGESTED
+    workload = Workload.objects.get(external_id="job-7")
+    assert sorted(workload.ranks.values_list("rank", flat=True)) == [0, 1]
+    comm = workload.communicators.get()
+    assert (comm.comm_name, comm.nranks, comm.ranks, comm.positions) == ("dp", 4, [0, 1], {"0": 0, "1": 1})
+
+
+def test_an_archive_whose_segments_hold_many_communicators_writes_them_in_bulk(
+    personas, tmp_path, django_assert_max_num_queries
+):
+    """2,000 communicators in the records: a bounded number of statements, not one per row."""
+    import numpy as np
+
+    from comminsight.formats import header
+    from comminsight.formats.archive import ArchiveMember, write_archive
+
+    def many_communicators(rank: int) -> bytes:
+        data = bytearray(segment_bytes(rank, n=2000))
+        size = header.constants()["CI_LOG_HEADER_SIZE"]
+        records = np.frombuffer(data, header.record_dtype(), offset=size).copy()
+        records["comm_hash"] = np.arange(1, 2001, dtype=np.uint64)
+        header.seal_records(records)
+        return bytes(data[:size]) + records.tobytes()
+
+    manifest = manifest_for(ranks=(0, 1))
+    members = [ArchiveMember(f"segments/s{r}.cilog.sealed", data=many_communicators(r), records=2000) for r in (0, 1)]
+    archive = register(write_archive(tmp_path / "ci-many.tar.zst", manifest, members).path, personas.alice)
+    with django_assert_max_num_queries(60):
+        assert ingest.archive_ingest(archive.pk) == ArchiveState.INGESTED
+    workload = Workload.objects.get(external_id="job-7")
+    assert workload.communicators.count() == 2000
+    assert set(workload.communicators.values_list("nranks", flat=True)) == {2}
+    # A second node's archive of the same communicators merges its members into the same rows.
+    second = register(
+        write_archive(
+            tmp_path / "ci-many-2.tar.zst",
+            manifest_for(node="10.0.0.2", ranks=(2,)),
+            [ArchiveMember("segments/s2.cilog.sealed", data=many_communicators(2), records=2000)],
+        ).path,
+        personas.alice,
+    )
+    with django_assert_max_num_queries(60):
+        assert ingest.archive_ingest(second.pk) == ArchiveState.INGESTED
+    assert set(map(tuple, workload.communicators.values_list("ranks", flat=True))) == {(0, 1, 2)}
