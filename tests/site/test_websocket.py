@@ -78,3 +78,49 @@ def test_the_list_socket_is_for_signed_in_users_only(personas):
 
     assert async_to_sync(scenario)(cookie_for(None)) == (False, 4404)
     assert async_to_sync(scenario)(cookie_for(personas.carol))[0] is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_ingested_archive_tells_the_open_workload_page_and_the_list(personas, tmp_path, data_dir):
+    # The workload page kept "0 ranks, No archives yet" and the list missed new workloads until a reload: pages
+    # refresh their live regions when these sockets say something changed.
+    from channels.db import database_sync_to_async
+
+    from apps.accounts.services import agent_token_authenticate
+    from apps.workloads import uploads
+    from apps.workloads.models import Archive, ArchiveState, Workload
+    from tests.site.archives import sha256_of, valid_archive
+
+    token = agent_token_authenticate(personas.agent_secret)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    existing = valid_archive(tmp_path / "a", workload="job-1")
+    brand_new = valid_archive(tmp_path / "b", workload="job-new")
+    headers = cookie_for(personas.alice)
+
+    def upload(path):
+        with open(path, "rb") as body:
+            uploads.upload_oneshot(
+                token=token, sha256=sha256_of(path), filename=path.name, body=body, length=path.stat().st_size
+            )
+
+    async def scenario():
+        page, connected, _ = await connect(f"/ws/workloads/{personas.workload.pk}/", headers)
+        assert connected
+        listing = WebsocketCommunicator(application, "/ws/workloads/", headers=headers)
+        assert (await listing.connect())[0]
+        await database_sync_to_async(upload)(existing)
+        on_page = await page.receive_json_from(timeout=10)
+        on_list = await listing.receive_json_from(timeout=10)
+        await database_sync_to_async(upload)(brand_new)
+        on_list_again = await listing.receive_json_from(timeout=10)
+        await page.disconnect()
+        await listing.disconnect()
+        return on_page, on_list, on_list_again
+
+    on_page, on_list, on_list_again = async_to_sync(scenario)()
+    assert on_page == {"type": "changed"}
+    assert on_list == {"type": "changed"}
+    assert on_list_again == {"type": "changed"}
+    assert Archive.objects.filter(state=ArchiveState.INGESTED).count() == 2
+    assert Workload.objects.filter(external_id="job-new", owner=personas.alice).exists()
