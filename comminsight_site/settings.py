@@ -298,6 +298,8 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 
 # --- Analysis jobs (apps/analysis) ----------------------------------------------------------------------------
 ANALYSIS_TASK_TIME_LIMIT_S = env.int("COMMINSIGHT_ANALYSIS_TASK_TIME_LIMIT_S", default=1800)
+# Rows per partition of a partitioned analysis (hang, perf): bounds one map task's memory (docs/operators.md).
+ANALYSIS_PARTITION_ROWS = env.int("COMMINSIGHT_ANALYSIS_PARTITION_ROWS", default=4_000_000)
 
 # --- Monitoring time series (apps/monitoring) -----------------------------------------------------------------
 # Points and rollups older than this are purged by the periodic task (hourly).

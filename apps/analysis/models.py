@@ -43,6 +43,9 @@ class AnalysisJob(models.Model):
     # What the store held when the result was computed (files, bytes, newest mtime): a changed store re-runs.
     store_fingerprint = models.CharField(max_length=64, blank=True, default="")
     attempts = models.PositiveIntegerField(default=0)
+    # A partitioned run (apps.analysis.partitions): its map tasks, and how many of them have finished.
+    partitions = models.PositiveIntegerField(default=0)
+    partitions_done = models.PositiveIntegerField(default=0)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="analysis_jobs"
     )

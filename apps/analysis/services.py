@@ -34,6 +34,7 @@ from comminsight.evidence.schema import empty_table
 from comminsight.formats.operations import ROWS_SCHEMA, finish
 from comminsight_site.objectstore import object_store
 
+from . import partitions
 from .models import AnalysisJob, AnalysisKind, JobState, StepCalibration
 
 logger = logging.getLogger(__name__)
@@ -368,6 +369,16 @@ def analysis_run(job_id: int, force: bool = False, enforce_limit: bool = True) -
     publish_job(job)
     files = workload_parquet_files(job.workload)
     fingerprint = store_fingerprint(files + workload_table_files(job.workload))
+    if job.kind in partitions.PARTITIONED_KINDS:
+        try:
+            count = partitions.partitioned_start(job, files, fingerprint)
+        except (*RETRYABLE, SoftTimeLimitExceeded):
+            raise
+        except Exception as exc:  # a store object that is not Parquet, say
+            return _refused(job.pk, exc)
+        attempt = job.attempts
+        transaction.on_commit(lambda: _enqueue_partitioned(job_id, attempt, count))
+        return JobState.RUNNING  # the chord's reduce finishes the job
     try:
         with workload_metadata_dir(job.workload) as tables:
             table = operations_named(load_operations(files), tables)
@@ -376,10 +387,20 @@ def analysis_run(job_id: int, force: bool = False, enforce_limit: bool = True) -
     except (*RETRYABLE, SoftTimeLimitExceeded):  # the task retries these, or fails the job saying why
         raise
     except Exception as exc:  # the library refused this data: say why on the job
-        logger.info("analysis job %s failed: %s", job.pk, exc)
-        analysis_fail(job.pk, f"{type(exc).__name__}: {exc}")
-        return JobState.FAILED
+        return _refused(job.pk, exc)
     _progress(job, 90)
+    return _finish(job, result, fingerprint)
+
+
+def _refused(job_id: int, exc: Exception) -> str:
+    """Fail a job whose data the library (or Parquet reader) refused, saying why."""
+    logger.info("analysis job %s failed: %s", job_id, exc)
+    analysis_fail(job_id, f"{type(exc).__name__}: {exc}")
+    return JobState.FAILED
+
+
+def _finish(job: AnalysisJob, result: dict[str, Any], fingerprint: str) -> str:
+    """Store a run's result unless the job was cancelled meanwhile; its final state."""
     with transaction.atomic():
         current = AnalysisJob.objects.select_for_update().filter(pk=job.pk).values_list("state", "error").first()
         if current is None or (current[0] == JobState.FAILED and current[1].startswith(CANCELLED)):
@@ -389,6 +410,53 @@ def analysis_run(job_id: int, force: bool = False, enforce_limit: bool = True) -
         job.save()
     publish_job(job)
     return job.state
+
+
+# --- Partitioned runs (apps.analysis.partitions): one chord of map tasks and a reduce ---------------------------
+
+
+def _enqueue_partitioned(job_id: int, attempt: int, count: int) -> None:
+    from celery import chord
+
+    from .tasks import map_partition, reduce_partitions
+
+    chord(map_partition.s(job_id, attempt, i) for i in range(count))(reduce_partitions.s(job_id, attempt))
+
+
+def analysis_map(job_id: int, attempt: int, index: int) -> bool:
+    """Summarise one partition of a running job (a map task); publish the count of map tasks done.
+    Infrastructure errors (RETRYABLE) propagate: the task retries this partition alone."""
+    try:
+        if not partitions.partition_map(job_id, attempt, index):
+            return False
+    except (*RETRYABLE, SoftTimeLimitExceeded):
+        raise
+    except Exception as exc:  # the library refused this partition's data: the job fails saying why
+        _refused(job_id, exc)
+        return False
+    job = AnalysisJob.objects.filter(pk=job_id).first()
+    if job is not None:
+        job.progress = 5 + 85 * job.partitions_done // max(job.partitions, 1)
+        AnalysisJob.objects.filter(pk=job_id, attempts=attempt, state=JobState.RUNNING).update(progress=job.progress)
+        publish_job(job)
+    return True
+
+
+def analysis_reduce(job_id: int, attempt: int) -> str:
+    """Merge a partitioned run's summaries into the job's result (the chord's last task); its final state."""
+    try:
+        result = partitions.partition_reduce(job_id, attempt)
+    except (*RETRYABLE, SoftTimeLimitExceeded):
+        raise
+    except Exception as exc:  # the library refused this data: say why on the job
+        return _refused(job_id, exc)
+    job = AnalysisJob.objects.select_related("workload").filter(pk=job_id).first()
+    if result is None or job is None:
+        return job.state if job is not None else "missing"  # the run was cancelled, failed or superseded
+    fingerprint = partitions.run_fingerprint(job_id, attempt)
+    state = _finish(job, json_safe(result), fingerprint)
+    partitions.run_cleanup(job_id, attempt)
+    return state
 
 
 CANCELLED = "Cancelled by "
@@ -434,6 +502,9 @@ def job_message(job: AnalysisJob) -> dict[str, Any]:
         "state": job.state,
         "progress": job.progress,
         "error": job.error,
+        # partitioned runs: map tasks finished of all (0 and 0 for a run in one task)
+        "partitions": job.partitions,
+        "partitions_done": job.partitions_done,
     }
 
 

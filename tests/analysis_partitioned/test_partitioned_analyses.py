@@ -6,7 +6,6 @@ archive), so the reference here is the table sorted by rank, partitions concaten
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 from comminsight.analysis import analyze_hang
 from comminsight.analysis.partitioned import hang_reduce, hang_tail, perf_map, perf_reduce
 from comminsight.analysis.perf import analyse_perf
+from tests.analysis_partitioned.compare import canonical, settled
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "analysis_hang"))
@@ -75,17 +75,6 @@ def hang_cases() -> dict[str, pa.Table]:
 HANG_CASES = hang_cases()
 
 
-def _sorted(items: list) -> list:
-    return sorted(items, key=lambda item: json.dumps(item, sort_keys=True))
-
-
-def settled(report: dict) -> dict:
-    """The hang report with the lists whose ties the analysis leaves in no fixed order (on the whole
-    table too: groups with equal sort keys, a rank's blocked groups without times) sorted."""
-    chain = [{**link, "blocks": _sorted(link["blocks"])} for link in report["chain"]]
-    return {**report, "chain": chain, "stuck_groups": _sorted(report["stuck_groups"])}
-
-
 @pytest.mark.parametrize("style", ["timed", "flight_recorder"])
 @pytest.mark.parametrize("case", sorted(HANG_CASES))
 def test_the_hang_report_from_rank_partition_tails_equals_the_whole_tables(case, style):
@@ -107,21 +96,6 @@ def test_one_partition_per_rank_and_one_for_all_give_the_same_hang_report():
     table = HANG_CASES["pp-hung"]
     reports = [hang_both_ways(table, ranks_per_partition=n)[1] for n in (1, 16)]
     assert settled(reports[0]) == settled(reports[1])
-
-
-def canonical(report: dict) -> dict:
-    """Lists of rows sorted (polars' group-by does not fix the order of ties), floats to 12 digits."""
-
-    def norm(value):
-        if isinstance(value, float):
-            return round(value, 12)
-        if isinstance(value, dict):
-            return {k: norm(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return sorted((norm(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
-        return value
-
-    return norm(report)
 
 
 def comm_partitions(table: pa.Table, comms_per_partition: int) -> list[pl.DataFrame]:

@@ -291,7 +291,8 @@ def test_a_job_whose_store_cannot_be_read_is_retried_then_fails_saying_so(
     from apps.analysis.tasks import run_analysis
 
     monkeypatch.setattr(services, "load_operations", unreadable)
-    request_analysis(client_of(personas.alice), personas.workload, "hang")  # queued (not run: no commit)
+    # steps runs in one task (hang and perf run partitioned: tests/site/test_partitioned_runs.py)
+    request_analysis(client_of(personas.alice), personas.workload, "steps")  # queued (not run: no commit)
     job = AnalysisJob.objects.get()
     # In-process retries need eager propagation off (else the first Retry surfaces as an exception).
     from comminsight_site.celery import app
@@ -316,8 +317,8 @@ def test_a_job_that_runs_past_its_time_limit_fails_saying_so(personas, data_dir,
     def too_slow(table, params):
         raise SoftTimeLimitExceeded()
 
-    monkeypatch.setitem(services.RUNNERS, "hang", too_slow)
-    run_on_commit(lambda: request_analysis(client_of(personas.alice), personas.workload, "hang"))
+    monkeypatch.setitem(services.RUNNERS, "steps", too_slow)  # a run in one task; partitioned ones: map tasks
+    run_on_commit(lambda: request_analysis(client_of(personas.alice), personas.workload, "steps"))
     job = AnalysisJob.objects.get()
     assert job.state == "failed"
     assert "time limit" in job.error

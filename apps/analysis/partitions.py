@@ -1,0 +1,252 @@
+"""Partitioned analysis runs: a job's work split over its store's partitions, as one Celery chord.
+
+The operations store is partitioned by workload / node / rank (one Parquet object per archive per
+rank, ``apps.workloads.ingest``), and within a rank by time window (an archive covers one window
+of a node's recording). Each partitioned analysis says which partitions it needs:
+
+- **hang** — whole ranks: consecutive ranks of the store listing, up to ``ANALYSIS_PARTITION_ROWS``
+  rows (Parquet footers) each; a map task keeps the tail of every communicator
+  (``comminsight.analysis.partitioned.hang_tail``).
+- **perf** — whole communicators (operations are matched across their members): communicators
+  packed up to ``ANALYSIS_PARTITION_ROWS`` rows, counted by one streamed pass over the store's
+  ``comm_id`` column; a map task reads its communicators' rows (a filtered scan) and returns
+  per-communicator medians and per-transfer samples.
+
+``partitioned_start`` (called by the job's task once it holds a concurrency slot) writes the plan to
+the object store and queues the chord: one ``map_partition`` task per partition, on any worker,
+then ``reduce_partitions``. Tasks carry (job id, attempt, partition index); summaries go to the
+object store under ``analysis-runs/job-<id>/attempt-<n>/``, never into the broker. The job stays
+*running* for the whole chord, so the shared concurrency limit counts it once; each finished map
+task advances ``partitions_done`` and is published over Channels. A failing map task is retried
+on its own (its summary is simply written again); a run that was cancelled, failed or superseded
+by a newer attempt is ignored by its remaining tasks.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from django.conf import settings
+from django.db.models import F
+from django.utils import timezone
+
+from apps.workloads.ingest import workload_metadata_dir
+from apps.workloads.names import operations_named
+from comminsight.evidence.schema import SCHEMA
+from comminsight_site.objectstore import object_store
+
+from .models import AnalysisJob, AnalysisKind, JobState
+
+logger = logging.getLogger(__name__)
+
+PARTITIONED_KINDS = (AnalysisKind.HANG, AnalysisKind.PERF)
+PERF_COLUMNS = [
+    "rank",
+    "comm_id",
+    "comm_size",
+    "op",
+    "is_p2p",
+    "seq",
+    "peer",
+    "bytes",
+    "start_ns",
+    "end_ns",
+    "enqueue_ns",
+]
+_RANK_DIR = re.compile(r"/rank-(-?\d+)/[^/]+$")
+
+
+def runs_prefix(job_id: int) -> str:
+    return f"analysis-runs/job-{job_id}"
+
+
+def _run_prefix(job_id: int, attempt: int) -> str:
+    return f"{runs_prefix(job_id)}/attempt-{attempt}"
+
+
+@dataclass(frozen=True)
+class Partition:
+    files: list[int]  # indices into the store listing, in its order
+    comm_ids: list[str] | None = None  # perf: the communicators it holds (None: every row of the files)
+
+
+# --- Planning --------------------------------------------------------------------------------------------------
+
+
+def _file_rows(location: str) -> int:
+    with object_store().open_input(location) as handle:
+        return pq.ParquetFile(handle).metadata.num_rows
+
+
+def rank_partitions(files: list[str], max_rows: int) -> list[Partition]:
+    """Consecutive whole ranks of the listing, up to ``max_rows`` rows per partition (a larger rank alone)."""
+    by_rank: dict[str, list[int]] = {}
+    for i, location in enumerate(files):
+        found = _RANK_DIR.search(location)
+        by_rank.setdefault(found.group(1) if found else "", []).append(i)
+    partitions: list[Partition] = []
+    current: list[int] = []
+    rows = 0
+    for rank_files in by_rank.values():  # first appearance in the listing
+        n = sum(_file_rows(files[i]) for i in rank_files)
+        if current and rows + n > max_rows:
+            partitions.append(Partition(sorted(current)))
+            current, rows = [], 0
+        current = current + rank_files
+        rows += n
+    if current:
+        partitions.append(Partition(sorted(current)))
+    return partitions
+
+
+def communicator_partitions(files: list[str], max_rows: int) -> list[Partition]:
+    """Whole communicators packed up to ``max_rows`` rows, counted by one streamed pass over ``comm_id``."""
+    counts: dict[str, int] = {}
+    scanner = object_store().dataset(files, schema=SCHEMA).scanner(columns=["comm_id"], batch_size=1 << 20)
+    for batch in scanner.to_batches():
+        values = pc.value_counts(batch.column(0))
+        for value, count in zip(values.field(0).to_pylist(), values.field(1).to_pylist(), strict=True):
+            counts[value] = counts.get(value, 0) + count
+    partitions: list[Partition] = []
+    current: list[str] = []
+    rows = 0
+    every = list(range(len(files)))  # a communicator's rows may be in any file: a filtered scan of all
+    for comm_id in sorted(counts):
+        if current and rows + counts[comm_id] > max_rows:
+            partitions.append(Partition(every, current))
+            current, rows = [], 0
+        current.append(comm_id)
+        rows += counts[comm_id]
+    if current:
+        partitions.append(Partition(every, current))
+    return partitions
+
+
+def plan_partitions(kind: str, files: list[str]) -> list[Partition]:
+    max_rows = settings.ANALYSIS_PARTITION_ROWS
+    if not files:
+        return [Partition([])]  # one empty partition: the reduce says what the analysis says of no data
+    if kind == AnalysisKind.PERF:
+        return communicator_partitions(files, max_rows) or [Partition([])]
+    return rank_partitions(files, max_rows)
+
+
+def partitioned_start(job: AnalysisJob, files: list[str], fingerprint: str) -> int:
+    """Plan ``job``'s partitions (its current attempt) and record how many; return the count."""
+    partitions = plan_partitions(job.kind, files)
+    plan = {
+        "fingerprint": fingerprint,
+        "files": files,
+        "partitions": [{"files": p.files, "comm_ids": p.comm_ids} for p in partitions],
+    }
+    store = object_store()
+    store.delete_prefix(runs_prefix(job.pk))  # summaries of earlier attempts
+    store.write_bytes(f"{_run_prefix(job.pk, job.attempts)}/plan.json", json.dumps(plan).encode())
+    AnalysisJob.objects.filter(pk=job.pk).update(partitions=len(partitions), partitions_done=0)
+    job.partitions, job.partitions_done = len(partitions), 0
+    return len(partitions)
+
+
+# --- Map and reduce --------------------------------------------------------------------------------------------
+
+
+def _current(job_id: int, attempt: int) -> AnalysisJob | None:
+    """The job while this attempt is its running one; None when it was cancelled, failed or superseded."""
+    job = AnalysisJob.objects.select_related("workload").filter(pk=job_id).first()
+    if job is None or job.state != JobState.RUNNING or job.attempts != attempt:
+        return None
+    return job
+
+
+def _plan(job_id: int, attempt: int) -> dict[str, Any]:
+    store = object_store()
+    return json.loads(store.read_bytes(store.location(f"{_run_prefix(job_id, attempt)}/plan.json")))
+
+
+def _write_frame(key: str, frame: pl.DataFrame) -> None:
+    buffer = io.BytesIO()
+    frame.write_parquet(buffer, compression="zstd")
+    object_store().write_bytes(key, buffer.getvalue())
+
+
+def _read_frame(key: str) -> pl.DataFrame:
+    store = object_store()
+    return pl.read_parquet(io.BytesIO(store.read_bytes(store.location(key))))
+
+
+def partition_map(job_id: int, attempt: int, index: int) -> bool:
+    """Summarise partition ``index`` of the job's run ``attempt`` into the object store; False: nothing to do
+    (the run is over). Idempotent: a retry writes the same summary again."""
+    from comminsight.analysis.partitioned import hang_tail, perf_map
+
+    job = _current(job_id, attempt)
+    if job is None:
+        return False
+    plan = _plan(job_id, attempt)
+    spec = plan["partitions"][index]
+    files, comm_ids = [plan["files"][i] for i in spec["files"]], spec["comm_ids"]
+    prefix = f"{_run_prefix(job_id, attempt)}/part-{index:06d}"
+    if job.kind == AnalysisKind.PERF:
+        table = _read(files, comm_ids, PERF_COLUMNS)
+        summary = perf_map(table)
+        if summary is not None:
+            _write_frame(f"{prefix}-groups.parquet", summary[0])
+            _write_frame(f"{prefix}-samples.parquet", summary[1])
+    else:
+        _write_frame(f"{prefix}-tail.parquet", hang_tail(_read(files, None, None)))
+    AnalysisJob.objects.filter(pk=job_id, attempts=attempt).update(
+        partitions_done=F("partitions_done") + 1, updated_at=timezone.now()
+    )
+    return True
+
+
+def _read(files: list[str], comm_ids: list[str] | None, columns: list[str] | None) -> pa.Table:
+    if not files:
+        return SCHEMA.empty_table()
+    dataset = object_store().dataset(files, schema=SCHEMA)
+    where = pc.field("comm_id").isin(comm_ids) if comm_ids is not None else None
+    return dataset.to_table(columns=columns, filter=where)
+
+
+def partition_reduce(job_id: int, attempt: int) -> dict[str, Any] | None:
+    """Merge the run's summaries into the job's report; None when the run is over (cancelled, failed, stale)."""
+    from comminsight.analysis.partitioned import hang_reduce, perf_reduce
+
+    job = _current(job_id, attempt)
+    if job is None:
+        return None
+    count = len(_plan(job_id, attempt)["partitions"])
+    prefix = _run_prefix(job_id, attempt)
+    store = object_store()
+    present = set(store.list(prefix, suffix=".parquet"))
+    params = dict(job.parameters)
+    if job.kind == AnalysisKind.PERF:
+        parts = []
+        for i in range(count):
+            groups = f"{prefix}/part-{i:06d}-groups.parquet"
+            if store.location(groups) in present:
+                parts.append((_read_frame(groups), _read_frame(f"{prefix}/part-{i:06d}-samples.parquet")))
+        return perf_reduce(parts, slow_fraction=params["slow_fraction"])
+    tails = [_read_frame(f"{prefix}/part-{i:06d}-tail.parquet") for i in range(count)]
+    merged = pa.concat_tables([t.to_arrow().cast(SCHEMA) for t in tails if t.height] or [SCHEMA.empty_table()])
+    with workload_metadata_dir(job.workload) as tables:
+        named = pl.from_arrow(operations_named(merged, tables))
+    assert isinstance(named, pl.DataFrame)
+    return hang_reduce([named], silence_s=params["silence_s"])
+
+
+def run_fingerprint(job_id: int, attempt: int) -> str:
+    return str(_plan(job_id, attempt)["fingerprint"])
+
+
+def run_cleanup(job_id: int, attempt: int) -> None:
+    object_store().delete_prefix(_run_prefix(job_id, attempt))
