@@ -35,6 +35,7 @@ import polars as pl
 import pyarrow as pa
 
 from comminsight.evidence import PROGRESS_OP
+from comminsight.importers.columns import paused_gc
 from comminsight.importers.normalise import shape_display
 
 # Ops whose per-rank sizes legitimately differ (uneven splits), so only op and dtype are compared.
@@ -115,6 +116,7 @@ def _per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
             "comm_name",
             "comm_size",
             pl.when(real).then(pl.col("_row")).alias("real_row"),
+            pl.when(real & (pl.col("state") != "completed")).then(pl.col("seq")).alias("seq_open"),
         )
         .group_by(keys)
         .agg(
@@ -130,18 +132,33 @@ def _per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
             pl.col("comm_desc").first().alias("comm_desc"),
             pl.col("comm_name").first().alias("comm_name"),
             pl.col("comm_size").max().alias("comm_size"),
+            pl.col("seq_open").min().alias("first_open"),
         )
     )
-    # Pending: not completed, above the watermark. Usually a small part of the rows.
-    pending = (
-        coll.filter((pl.col("state") != "completed") & real)
-        .select(*keys, "seq")
-        .join(per_rank.select(*keys, "watermark"), on=keys, how="left")
-        .filter(pl.col("watermark").is_null() | (pl.col("seq") > pl.col("watermark")))
-        .group_by(keys)
-        .agg(pl.col("seq").min().alias("first_pending"))
-    )
-    return per_rank.join(pending, on=keys, how="left").with_columns(
+    # Pending: not completed, above the watermark. The lowest open sequence is the first pending one
+    # unless it lies at or below the watermark (a stale record of an operation that completed, as
+    # sources that record an operation more than once leave): only those streams are scanned again.
+    stale = (pl.col("first_open") <= pl.col("watermark")).fill_null(False)
+    first_pending = pl.when(~stale).then(pl.col("first_open"))
+    per_rank = per_rank.with_columns(first_pending.alias("first_pending"))
+    rescan = per_rank.filter(stale).select(*keys, "watermark")
+    if not rescan.is_empty():
+        pending = (
+            coll.filter((pl.col("state") != "completed") & real)
+            .select(*keys, "seq")
+            .join(rescan, on=keys, how="inner")
+            .filter(pl.col("seq") > pl.col("watermark"))
+            .group_by(keys)
+            .agg(pl.col("seq").min().alias("rescanned"))
+        )
+        per_rank = (
+            per_rank.join(pending, on=keys, how="left")
+            .with_columns(
+                pl.when(stale).then(pl.col("rescanned")).otherwise(pl.col("first_pending")).alias("first_pending")
+            )
+            .drop("rescanned")
+        )
+    return per_rank.drop("first_open").with_columns(
         pl.when(pl.col("last_t").is_not_null()).then(pl.col("last_row")).alias("last_row")
     )
 
@@ -265,7 +282,11 @@ def _stuck_streams(grid: pl.DataFrame) -> pl.DataFrame:
         .alias("lagging"),
         # Ranks pending at a later seq than the laggards: they wait for the laggards.
         pl.col("rank")
-        .filter(pl.col("first_pending").is_not_null() & (pl.col("next_incomplete") > pl.col("s_complete")))
+        .filter(
+            pl.col("has_laggards")  # only read where some rank lags
+            & pl.col("first_pending").is_not_null()
+            & (pl.col("next_incomplete") > pl.col("s_complete"))
+        )
         .sort()
         .alias("ahead"),
     )
@@ -289,14 +310,15 @@ def _mismatches(coll: pl.DataFrame, at: pl.DataFrame) -> pl.DataFrame:
     candidates = pl.concat([pending.select(keys), at.select(keys)]).unique()
     coll = pl.concat([pending, at]).unique(subset=["_row"]).join(candidates, on=keys, how="semi")
     # Cheap first pass over rows; the per-rank signatures below only for the flagged groups.
+    # More than one distinct value <=> min != max (nulls ignored), without a hash set per group.
     rough = coll.group_by(keys).agg(
-        pl.col("op").n_unique().alias("n_op"),
-        pl.col("dtype").drop_nulls().n_unique().alias("n_dtype"),
-        pl.col("count").drop_nulls().n_unique().alias("n_count"),
-        pl.col("rank").n_unique().alias("n_ranks"),
+        *(
+            (pl.col(name).min() != pl.col(name).max()).fill_null(False).alias(f"varies_{name}")
+            for name in ("op", "dtype", "count", "rank")
+        )
     )
     rough = rough.filter(
-        (pl.col("n_ranks") > 1) & ((pl.col("n_op") > 1) | (pl.col("n_dtype") > 1) | (pl.col("n_count") > 1))
+        pl.col("varies_rank") & (pl.col("varies_op") | pl.col("varies_dtype") | pl.col("varies_count"))
     )
     coll = coll.join(rough.select(keys), on=keys, how="semi")
     # One signature per rank and seq (coalesced groups may put several rows on one seq).
@@ -568,8 +590,10 @@ def _wait_paths(chain: list[dict[str, Any]], limit: int = 16) -> list[list[int]]
     return paths[:limit]
 
 
-def _ranks(values: Any) -> list[int]:
-    return [int(v) for v in values] if values is not None else []
+def _rows(frame: pl.DataFrame, *names: str) -> Any:
+    """The frame's rows as tuples of plain Python values, converted column by column (far cheaper than
+    ``iter_rows``: no per-row dict, list columns arrive as lists of ints)."""
+    return zip(*(frame.get_column(name).to_list() for name in names), strict=True)
 
 
 def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> dict[str, Any]:
@@ -583,6 +607,13 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
     operations, ranks whose completions stalled), ``evidence`` (per rank, keyed by rank as text)
     and ``summary`` (one sentence).
     """
+    # The report of a 16k-rank hang is a million small lists and dicts without cycles: collections
+    # triggered while it is built would walk all of it again and again.
+    with paused_gc():
+        return _analyze(table, silence_s)
+
+
+def _analyze(table: pa.Table | pl.DataFrame, silence_s: float) -> dict[str, Any]:
     df = _frame(table)
     report: dict[str, Any] = {
         "verdict": "insufficient_evidence",
@@ -623,12 +654,14 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
         modes = at.group_by("comm_id", "seq_kind", "sop", "op", "shape", "dtype").agg(
             pl.len().alias("n"), pl.col("rank").min().alias("low")
         )
-        for row in modes.sort(["n", "low"], descending=[True, False]).iter_rows(named=True):
-            rep.setdefault((row["comm_id"], row["seq_kind"], row["sop"]), row)
-        times = at.group_by("comm_id", "seq_kind", "sop").agg(
-            pl.min_horizontal("enqueue_ns", "start_ns").min().alias("t")
-        )
-        first_ns = {(c, k, o): t for c, k, o, t in times.iter_rows() if t is not None}
+        keys = ["comm_id", "seq_kind", "sop"]
+        modes = modes.sort(["n", "low"], descending=[True, False]).unique(keys, keep="first", maintain_order=True)
+        rep = {
+            (c, k, o): {"op": op, "shape": shape, "dtype": dtype}
+            for c, k, o, op, shape, dtype in _rows(modes, *keys, "op", "shape", "dtype")
+        }
+        times = at.group_by(keys).agg(pl.min_horizontal("enqueue_ns", "start_ns").min().alias("t"))
+        first_ns = {(c, k, o): t for c, k, o, t in _rows(times, *keys, "t") if t is not None}
 
     mismatch_at: dict[tuple, dict] = {}
     mismatches = []
@@ -671,17 +704,28 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
     group_of: dict[tuple, dict] = {}
     blockers_of: dict[int, list[int]] = {}
 
-    for row in stuck.sort("comm_id", "seq_kind", "sop").iter_rows(named=True):
-        key = (row["comm_id"], row["seq_kind"], row["sop"])
-        entered, missing = _ranks(row["entered_ranks"]), _ranks(row["missing_ranks"])
-        waiting, lagging, ahead = _ranks(row["waiting"]), _ranks(row["lagging"]), _ranks(row["ahead"])
-        seq = int(row["seq"])
+    stuck_rows = _rows(
+        stuck.sort("comm_id", "seq_kind", "sop"),
+        "comm_id",
+        "seq_kind",
+        "sop",
+        "seq",
+        "s_complete",
+        "has_missing",
+        "entered_ranks",
+        "missing_ranks",
+        "waiting",
+        "lagging",
+        "ahead",
+    )
+    for comm_id, seq_kind, sop, seq, s_complete, has_missing, entered, missing, waiting, lagging, ahead in stuck_rows:
+        key = (comm_id, seq_kind, sop)
         info_row = rep.get(key, {})
-        mismatch = mismatch_at.get((*key, seq)) or mismatch_at.get((*key, int(row["s_complete"] or -1)))
+        mismatch = mismatch_at.get((*key, seq)) or mismatch_at.get((*key, s_complete or -1))
         if mismatch:
             kind = "mismatch"
             mismatch_roots.extend(mismatch["ranks"])
-        elif row["has_missing"]:
+        elif has_missing:
             kind = "missing_ranks"
         elif lagging:
             kind = "lagging_ranks"
@@ -691,18 +735,18 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
             # Ranks that called the majority op wait for the ones that called something else.
             blockers = [r for r in mismatch["ranks"] if r in entered]
             waiters = [r for r in entered if r not in blockers]
-        elif row["has_missing"]:
+        elif has_missing:
             blockers, waiters = missing, waiting
         elif lagging:
             blockers, waiters = lagging, [r for r in ahead if r not in lagging]
         else:
             blockers, waiters = [], []
         group = {
-            "group_id": row["comm_id"],
-            "group_desc": desc_of.get(row["comm_id"]),
-            "op": info_row.get("op") or (row["sop"] or None),
+            "group_id": comm_id,
+            "group_desc": desc_of.get(comm_id),
+            "op": info_row.get("op") or (sop or None),
             "seq": seq,
-            "seq_kind": row["seq_kind"],
+            "seq_kind": seq_kind,
             "shape": info_row.get("shape"),
             "dtype": info_row.get("dtype"),
             "entered_ranks": entered,
@@ -710,18 +754,18 @@ def analyze_hang(table: pa.Table | pl.DataFrame, *, silence_s: float = 60.0) -> 
             "kind": kind,
             "waiting_ranks": waiting,
             "lagging_ranks": lagging,
-            "lowest_incomplete_seq": int(row["s_complete"]) if row["s_complete"] is not None else None,
+            "lowest_incomplete_seq": s_complete,
             "first_entered_ns": first_ns.get(key),
         }
         if mismatch:
             group["mismatch"] = mismatch["fields"]
         stuck_groups.append(group)
         for r in lagging:
-            lagging_in[r].append(row["comm_id"])
+            lagging_in[r].append(comm_id)
         for r in missing:
-            missing_from[r].append(row["comm_id"])
+            missing_from[r].append(comm_id)
         for r in waiting:
-            waiting_in[r].append(row["comm_id"])
+            waiting_in[r].append(comm_id)
         group_of[key] = group
         blockers_of[id(group)] = blockers
         for b in blockers:
