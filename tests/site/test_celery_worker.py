@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -63,7 +62,9 @@ def test_uploaded_archive_is_ingested_by_a_real_worker_after_a_retry(
     assert workload.communicators.get().ranks == [0, 1]
 
 
-def start_worker_process(queue: str, data_dir, settings) -> subprocess.Popen:
+def start_worker_process(queue: str, data_dir, settings, lease_s: float = 45.0) -> subprocess.Popen:
+    """A worker process (solo pool: one process, so SIGKILL ends the ingest too) with its beat (-B): the
+    periodic requeue runs every half lease, as in production."""
     db = connection.settings_dict
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env.update(
@@ -73,6 +74,8 @@ def start_worker_process(queue: str, data_dir, settings) -> subprocess.Popen:
         COMMINSIGHT_SERVER_DATA_DIR=str(data_dir),
         CELERY_QUEUE=queue,
         LOG_LEVEL="WARNING",
+        COMMINSIGHT_STORAGE_URL="",
+        COMMINSIGHT_INGEST_LEASE_S=str(lease_s),
     )
     argv = [
         sys.executable,
@@ -85,16 +88,24 @@ def start_worker_process(queue: str, data_dir, settings) -> subprocess.Popen:
         "solo",
         "-Q",
         queue,
+        "-B",
+        "-s",
+        str(Path(data_dir) / f"beat-{time.monotonic_ns()}"),
         "-l",
         "warning",
     ]
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def test_a_worker_killed_mid_ingest_leaves_nothing_and_a_new_worker_finishes(personas, tmp_path, data_dir, settings):
+def test_a_worker_killed_mid_ingest_leaves_nothing_and_a_restarted_worker_ingests_it_exactly_once(
+    personas, tmp_path, data_dir, settings
+):
+    """SIGKILL mid-ingest: the killed attempt's lease runs out and the restarted worker's own periodic requeue
+    hands the archive to it — no operator, no 40-minute broker visibility timeout. The production lease is
+    45 s (ingested about a minute after the restart); here 6 s, with a two-minute deadline for margin."""
     if not settings.REDIS_URL or connection.vendor != "postgresql":
         pytest.skip("needs PostgreSQL and Redis shared with a worker process")
-    from apps.workloads.tasks import ingest_archive, requeue_stale_archives
+    from apps.workloads.tasks import ingest_archive
     from comminsight_site.celery import app
 
     path = valid_archive(tmp_path, ranks=tuple(range(8)), records=40_000)  # ~80 MB of records: seconds to ingest
@@ -104,7 +115,7 @@ def test_a_worker_killed_mid_ingest_leaves_nothing_and_a_new_worker_finishes(per
     )
     queue = f"comminsight-kill-{os.getpid()}"
     staging = data_dir / "store" / ".staging" / archive.sha256
-    worker = start_worker_process(queue, data_dir, settings)
+    worker = start_worker_process(queue, data_dir, settings, lease_s=6)
     saved = app.conf.CELERY_TASK_ALWAYS_EAGER
     app.conf.CELERY_TASK_ALWAYS_EAGER = False
     try:
@@ -113,39 +124,23 @@ def test_a_worker_killed_mid_ingest_leaves_nothing_and_a_new_worker_finishes(per
         while not staging.exists() and time.monotonic() < deadline:
             time.sleep(0.005)
         assert staging.exists(), "the worker never started the ingest"
-        os.kill(worker.pid, signal.SIGKILL)  # mid-ingest: no chance to clean up
+        os.kill(worker.pid, signal.SIGKILL)  # mid-ingest: no chance to clean up or to give the lease back
         worker.wait(timeout=30)
         archive.refresh_from_db()
-        assert archive.state == ArchiveState.STORED
+        assert (archive.state, archive.attempts) == (ArchiveState.STORED, 1)
+        assert archive.lease_owner  # the dead attempt's lease, left to run out
         assert not list((data_dir / "store").glob("workload-*/**/*.parquet"))
 
-        worker = start_worker_process(queue, data_dir, settings)
-        Archive.objects.filter(pk=archive.pk).update(created_at=archive.created_at - timedelta(hours=1))
-        with override_requeue_queue(queue):
-            assert requeue_stale_archives() == 1
+        worker = start_worker_process(queue, data_dir, settings, lease_s=6)
         assert wait_for_state(archive.pk, timeout_s=120) == ArchiveState.INGESTED
     finally:
         app.conf.CELERY_TASK_ALWAYS_EAGER = saved
         worker.kill()
         worker.wait(timeout=30)
+    archive.refresh_from_db()
+    assert archive.attempts == 2  # the killed one and the one that finished: exactly once
     workload = Workload.objects.get(external_id="job-7", owner=personas.alice)
     files = ingest.workload_parquet_files(workload)
     assert len(files) == 8  # one per rank: the killed attempt left no duplicate
+    assert sorted(workload.ranks.values_list("rank", flat=True)) == list(range(8))
     assert not staging.exists()
-
-
-class override_requeue_queue:
-    """Route ``ingest_archive.delay`` to ``queue`` while active."""
-
-    def __init__(self, queue: str) -> None:
-        from comminsight_site.celery import app
-
-        self.app = app
-        self.queue = queue
-
-    def __enter__(self) -> None:
-        self.saved = self.app.conf.CELERY_TASK_DEFAULT_QUEUE
-        self.app.conf.CELERY_TASK_DEFAULT_QUEUE = self.queue
-
-    def __exit__(self, *exc: object) -> None:
-        self.app.conf.CELERY_TASK_DEFAULT_QUEUE = self.saved
