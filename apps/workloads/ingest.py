@@ -7,7 +7,7 @@ so a retry after a worker died overwrites its own partial output instead of dupl
 Reading uses ``comminsight.formats.archive.read_archive`` (members streamed from the tar+zstd file,
 never extracted; allow-listed names, regular files only, caps on members, bytes and compression
 ratio; each member checked against the manifest's size and sha256). Output is first written under
-``<data dir>/store/.staging/<sha256>/`` and moved into place only after every member verified, so a
+``<data dir>/store/.staging/<sha256>-<archive id>/`` and moved into place only after every member verified, so a
 bad archive leaves nothing behind: it is quarantined with the reason, which its owner sees.
 
 Segments become rows through the one record decoder (``comminsight.formats.operations``): the store
@@ -207,9 +207,14 @@ class StagedArchive:
     corrupt_records: int = 0
 
 
+def staging_dir(archive: Archive) -> Path:
+    """Where one archive's attempt stages its output (per archive row: two owners' rows share their bytes)."""
+    return store_dir() / ".staging" / f"{archive.sha256}-{archive.pk}"
+
+
 def stage_archive(archive: Archive) -> StagedArchive:
     """Read and verify the whole archive, writing Parquet into a staging directory. Raises on any problem."""
-    staging = store_dir() / ".staging" / archive.sha256
+    staging = staging_dir(archive)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     with object_store().local_file(archive.path, scratch=staging) as local:
@@ -375,9 +380,12 @@ def _workload_for(archive: Archive, facts: ManifestFacts) -> Workload:
 
 def _quarantine(archive: Archive, reason: str) -> None:
     # Uploaded bytes move aside for inspection; discovered files stay where they are (the path is not ours).
+    # The bytes may be shared by other owners' archives of the same sha256: every row follows them.
     store = object_store()
     if archive.source == ArchiveSource.UPLOAD and store.exists(archive.path):
-        archive.path = store.move(archive.path, f"quarantine/{archive.sha256}")
+        stored_at = archive.path
+        archive.path = store.move(stored_at, f"quarantine/{archive.sha256}")
+        Archive.objects.filter(path=stored_at).exclude(pk=archive.pk).update(path=archive.path)
     archive.state = ArchiveState.QUARANTINED
     archive.reason = reason[:2000]
     archive.lease_owner, archive.lease_until = "", None
@@ -473,7 +481,7 @@ def _ingest_claimed(claim: _Claim) -> tuple[str, Workload | None, StagedArchive 
         staged = stage_archive(archive)
     finally:
         if staged is None:
-            shutil.rmtree(store_dir() / ".staging" / archive.sha256, ignore_errors=True)
+            shutil.rmtree(staging_dir(archive), ignore_errors=True)
     try:
         workload = _workload_for(archive, staged.facts)
         # Named by sha256: a retry after a crash overwrites its own objects. No row is locked meanwhile.

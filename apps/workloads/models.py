@@ -143,9 +143,10 @@ class ArchiveSource(models.TextChoices):
 
 
 class Archive(models.Model):
-    """One archive file, identified by the sha256 of its bytes (stored once, whoever sends it)."""
+    """One owner's archive, identified by the sha256 of its bytes. The bytes are stored once whoever sends them
+    (``path`` is shared); each owner who sent them has a row of its own, ingested into that owner's workload."""
 
-    sha256 = models.CharField(max_length=64, unique=True)
+    sha256 = models.CharField(max_length=64, db_index=True)
     size = models.BigIntegerField()
     filename = models.CharField(max_length=255)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="archives")
@@ -170,6 +171,7 @@ class Archive(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        constraints = [models.UniqueConstraint(fields=["owner", "sha256"], name="workloads_archive_once_per_owner")]
 
     def __str__(self) -> str:
         return self.filename

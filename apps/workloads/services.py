@@ -24,7 +24,7 @@ from apps.accounts.models import User
 from comminsight.evidence.schema import conform
 
 from .ingest import ManifestFacts
-from .models import ArchiveSource, ShareLevel, Workload, WorkloadShare
+from .models import Archive, ArchiveSource, ShareLevel, Workload, WorkloadShare
 from .selectors import workload_can_manage
 
 logger = logging.getLogger(__name__)
@@ -93,7 +93,8 @@ def workload_remove(workload: Workload, *, by: str) -> None:
             store = object_store()
             store.delete_prefix(store_prefix(workload_id))
             for location in uploaded:
-                store.delete(location)
+                if not Archive.objects.filter(path=location).exists():  # no other owner's archive of these bytes
+                    store.delete(location)
 
         transaction.on_commit(remove_files)
     logger.info("%s deleted workload %s", by, workload_id)

@@ -6,8 +6,9 @@ memory. A chunk is written at the upload's offset while its sha256 is computed; 
 The part file is locked (``flock``) while a chunk is written, so two clients appending to one upload take
 turns, also across server processes; the offset moves with one conditional UPDATE. Chunks are not fsync'ed
 one by one: finalize fsyncs the verified file before the archive is registered. Archives are identified by
-sha256: ``archive_register`` stores each once (a unique constraint settles races) and queues ingest after the
-transaction commits.
+owner and sha256: ``archive_register`` records each once per owner (a unique constraint settles races) and
+queues ingest after the transaction commits. The bytes are stored once whoever sends them (the store key is
+the sha256), and every owner who uploaded them gets an archive of their own, ingested into their workload.
 """
 
 from __future__ import annotations
@@ -129,7 +130,9 @@ def upload_create(
     filename = _check_filename(filename)
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
         raise UploadError("size must be a positive integer")
-    existing = Archive.objects.filter(sha256=sha256).first()
+    # Known bytes are answered only from the caller's own archives: another owner's copy is no proof that this
+    # caller holds them (and must not be revealed); it uploads them, and the bytes are still stored once.
+    existing = Archive.objects.filter(owner=token.owner, sha256=sha256).first()
     if existing is not None:
         return UploadOutcome(archive=existing)
     resumable = Upload.objects.filter(token=token, sha256=sha256, state=UploadState.OPEN).first()
@@ -252,7 +255,7 @@ def upload_finalize(*, owner: User, upload_id: uuid.UUID) -> tuple[Archive, bool
         if upload is None:
             raise UploadNotFound("no such upload")
         if upload.state == UploadState.COMPLETE:
-            archive = Archive.objects.filter(sha256=upload.sha256).first()
+            archive = Archive.objects.filter(owner=upload.owner, sha256=upload.sha256).first()
             if archive is not None:
                 return archive, False
         if upload.offset != upload.size:
@@ -274,7 +277,7 @@ def upload_finalize(*, owner: User, upload_id: uuid.UUID) -> tuple[Archive, bool
     with transaction.atomic():
         upload = Upload.objects.select_for_update().get(pk=upload_id)
         if upload.state == UploadState.COMPLETE:  # a concurrent finalize of this upload got here first
-            return Archive.objects.get(sha256=upload.sha256), False
+            return Archive.objects.get(owner=upload.owner, sha256=upload.sha256), False
         archive, created = archive_register(
             source_path=path,
             sha256=upload.sha256,
@@ -300,7 +303,7 @@ def upload_oneshot(
         raise UploadTooLarge(
             f"one-shot uploads are limited to {settings.INGEST_MAX_ONESHOT_BYTES} bytes; use the resumable protocol"
         )
-    existing = Archive.objects.filter(sha256=sha256).first()
+    existing = Archive.objects.filter(owner=token.owner, sha256=sha256).first()
     if existing is not None:
         return existing, False
     _check_caps(token, length)
@@ -350,13 +353,13 @@ def archive_register(
     keep_in_place: bool = False,
     file_mtime: object = None,
 ) -> tuple[Archive, bool]:
-    """Record an archive once per sha256 and queue its ingest; (archive, newly stored).
+    """Record an archive once per owner and sha256 and queue its ingest; (archive, newly recorded).
 
     Uploaded bytes move into the object store (``archives/``); discovered archives stay where they were found
     (``keep_in_place``). A concurrent registration of the same bytes loses on the unique constraint and
     answers with the winner — both clients get success, one copy is kept.
     """
-    existing = Archive.objects.filter(sha256=sha256).first()
+    existing = Archive.objects.filter(owner=owner, sha256=sha256).first()
     if existing is not None:
         if not keep_in_place:
             Path(source_path).unlink(missing_ok=True)
@@ -381,7 +384,7 @@ def archive_register(
                 file_mtime=file_mtime,
             )
     except IntegrityError:
-        return Archive.objects.get(sha256=sha256), False
+        return Archive.objects.get(owner=owner, sha256=sha256), False
     from .tasks import ingest_archive
 
     transaction.on_commit(lambda: ingest_archive.delay(archive.pk))

@@ -114,7 +114,7 @@ def test_a_worker_killed_mid_ingest_leaves_nothing_and_a_restarted_worker_ingest
         sha256=sha256_of(path), size=path.stat().st_size, filename=path.name, owner=personas.alice, path=str(path)
     )
     queue = f"comminsight-kill-{os.getpid()}"
-    staging = data_dir / "store" / ".staging" / archive.sha256
+    staging = ingest.staging_dir(archive)
     worker = start_worker_process(queue, data_dir, settings, lease_s=6)
     saved = app.conf.CELERY_TASK_ALWAYS_EAGER
     app.conf.CELERY_TASK_ALWAYS_EAGER = False

@@ -380,3 +380,55 @@ def test_two_appenders_of_one_upload_take_turns_and_the_second_is_told_the_new_o
     assert sorted(outcomes, key=str) == sorted(["appended", len(data)], key=str)
     assert Upload.objects.get(pk=upload.id).offset == len(data)
     assert uploads.part_path(upload).read_bytes() == data
+
+
+def upload_whole(client: Client, path: Path):
+    created = create(client, path)
+    assert created.status_code == 201  # nothing is answered from another owner's archive
+    upload_id = created.json()["upload_id"]
+    assert patch(client, upload_id, 0, path.read_bytes()).status_code == 204
+    return finalize(client, upload_id)
+
+
+def test_a_second_owner_uploading_the_same_bytes_gets_an_archive_of_their_own_and_the_data(
+    personas, archive_file, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        alices = upload_whole(agent(personas.agent_secret), archive_file)
+        with archive_file.open("rb") as handle:  # carol sends the same bytes in one shot
+            carols = agent(personas.carol_agent_secret).post(
+                reverse("api-ingest-archives"), {"file": handle, "sha256": sha256_of(archive_file)}
+            )
+    assert (alices.status_code, carols.status_code) == (201, 201)
+    assert alices.json()["archive_id"] != carols.json()["archive_id"]
+    archives = Archive.objects.filter(sha256=sha256_of(archive_file))
+    assert {(a.owner.username, a.state) for a in archives} == {("alice", "ingested"), ("carol", "ingested")}
+    assert len({a.path for a in archives}) == 1  # the bytes are stored once
+    # Each owner sees their own archive, and each owner's workload got the data.
+    for persona, response in ((personas.alice, alices), (personas.carol, carols)):
+        client = Client()
+        client.force_login(persona)
+        assert [a["id"] for a in client.get("/api/v1/archives/").json()] == [response.json()["archive_id"]]
+        workload = Workload.objects.get(owner=persona, external_id="job-7")
+        assert sorted(workload.ranks.values_list("rank", flat=True)) == [0, 1]
+        assert workload.archives.get().pk == response.json()["archive_id"]
+    # Sending them again answers each owner with their own archive.
+    again = create(agent(personas.carol_agent_secret), archive_file)
+    assert (again.status_code, again.json()["archive_id"]) == (200, carols.json()["archive_id"])
+
+
+def test_deleting_one_owners_workload_keeps_the_bytes_another_owner_still_has(
+    personas, archive_file, django_capture_on_commit_callbacks
+):
+    from apps.workloads.services import workload_remove
+
+    with django_capture_on_commit_callbacks(execute=True):
+        upload_whole(agent(personas.agent_secret), archive_file)
+        upload_whole(agent(personas.carol_agent_secret), archive_file)
+    location = Archive.objects.get(owner=personas.carol).path
+    with django_capture_on_commit_callbacks(execute=True):
+        workload_remove(Workload.objects.get(owner=personas.alice, external_id="job-7"), by="test")
+    assert object_store().exists(location)
+    with django_capture_on_commit_callbacks(execute=True):
+        workload_remove(Workload.objects.get(owner=personas.carol, external_id="job-7"), by="test")
+    assert not object_store().exists(location)
