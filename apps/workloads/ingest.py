@@ -486,6 +486,7 @@ def _ingest_claimed(claim: _Claim) -> tuple[str, Workload | None, StagedArchive 
         workload = _workload_for(archive, staged.facts)
         # Named by sha256: a retry after a crash overwrites its own objects. No row is locked meanwhile.
         _publish(staged, workload, archive)
+        shutil.rmtree(staged.staging, ignore_errors=True)  # published: nothing is left behind once it commits
         with transaction.atomic():
             archive = _held(claim)
             if archive is None:  # our lease ran out and another attempt took over: it finishes the job
