@@ -1,9 +1,10 @@
 """Agent CPU cost of the live step engine and the device/NIC samplers, as a share of one core.
 
-Baseline (measured in the same run, interleaved, minimum of ``--repeats``): the agent's existing
-per-batch work, ``LiveState.apply`` on ring-sized batches of 8 GPUs' records. Then the same batches
-through ``apply`` plus the live step engine (``LiveSteps.feed``: signatures, the chunked engine,
-summaries to disk). The extra CPU per million records is the share of one core the step engine
+Baseline (measured in the same run, interleaved call by call, minimum of ``--repeats``): the agent's
+existing per-batch work, ``LiveState.apply`` on ring-sized batches of 8 GPUs' records. Beside it, the same
+batches through the live step engine (``LiveSteps.feed``: signatures, the chunked engine; and
+``LiveSteps.checkpoint`` once per ``--rate`` records, as the agent does once a second: summaries to
+disk, engine state). The extra CPU per million records is the share of one core the step engine
 costs at 1 M records/s.
 
 Samplers: one ``Samplers.sample_once`` over a sysfs fixture tree of ``--ports`` InfiniBand ports
@@ -12,7 +13,11 @@ that part is reported as off). Its CPU per sample divided by the sample interval
 
 Target (issue 15): sampler + live engine <= 10 % of one core extra at 1 M records/s.
 
-    .venv/bin/python bench/agent_live_cost.py [--records 2000000] [--batch 65536] [--ports 8]
+    .venv/bin/python bench/agent_live_cost.py [--records 2400000] [--warmup 400000] [--rate 1000000] [--ops-per-step 60]
+        [--batch N] [--poll 0.2] [--ports 8]
+
+At ``--rate`` records/s over ``--gpus`` rings, one poll every ``--poll`` s reads rate / gpus x poll records
+from each ring (25,000 at the defaults): that is the batch the step engine is fed, unless ``--batch``.
 """
 
 from __future__ import annotations
@@ -66,9 +71,10 @@ def gpu_records(n: int, gpus: int = 8, per_step: int = 60) -> list[np.ndarray]:
 
 
 def batches(per_gpu: list[np.ndarray], size: int) -> list[tuple[str, object]]:
-    """Ring-sized columnar batches (what RingReader.read hands the agent), interleaved across GPUs."""
+    """Columnar batches of ``size`` records per ring (what one RingReader.read hands the agent), interleaved
+    across GPUs as the agent's poll loop visits the rings."""
     out = []
-    step = max(1, size // len(per_gpu))
+    step = max(1, size)
     for lo in range(0, len(per_gpu[0]), step):
         for rec in per_gpu:
             chunk = rec[lo : lo + step]
@@ -104,40 +110,76 @@ def write_ports(root: Path, ports: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=2_000_000)
-    parser.add_argument("--batch", type=int, default=65536)
+    parser.add_argument("--records", type=int, default=2_400_000)
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=0,
+        help="records per ring read (default: what one poll reads from each ring at --rate, at most 65,536)",
+    )
+    parser.add_argument("--poll", type=float, default=0.2, help="the agent's poll interval (s)")
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=400_000,
+        help="records fed before the clocks count (each GPU's engine picks its method after 512 events,"
+        " communicator roles are learnt once): the cost reported is the steady state's",
+    )
     parser.add_argument("--ports", type=int, default=8)
     parser.add_argument("--ops-per-step", type=int, default=60, help="operations per step per GPU")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rate", type=int, default=1_000_000, help="records per second (one checkpoint each)")
     opts = parser.parse_args()
-    data = batches(gpu_records(opts.records, per_step=opts.ops_per_step), opts.batch)
-    n = sum(len(b) for _, b in data)
+    per_ring = opts.batch or min(65536, int(opts.rate / opts.gpus * opts.poll))
+    data = batches(gpu_records(opts.records, gpus=opts.gpus, per_step=opts.ops_per_step), per_ring)
+    warm = next((i for i, _ in enumerate(data) if sum(len(b) for _, b in data[:i]) >= opts.warmup), 0)
+    n = sum(len(b) for _, b in data[warm:])
 
-    # Interleaved repeats, the least disturbed (minimum) of each kept: the machine may be shared.
-    bases, lives, written = [], [], 0
+    # Repeats, the least disturbed (minimum) kept: the machine may be shared. In each run, the CPU of the
+    # agent's existing work (LiveState.apply) and of the step engine's (feed + checkpoint) are clocked call
+    # by call, interleaved, so both see the same machine at the same moment.
+    bases, extras, written = [], [], 0
     for _ in range(opts.repeats):
-        state = LiveState()
-        bases.append(cpu(lambda state=state: [state.apply(w, b) for w, b in data]))
         with tempfile.TemporaryDirectory() as tmp:
-            state2 = LiveState()
-            steps = LiveSteps(Path(tmp), "bench", lambda: {1000 + g: g for g in range(8)})
-
-            def both(state2: LiveState = state2, steps: LiveSteps = steps) -> None:
-                for w, b in data:
-                    state2.apply(w, b)
-                    steps.feed(w, b)
-
-            lives.append(cpu(both))
+            state = LiveState()
+            steps = LiveSteps(Path(tmp), "bench", lambda: {1000 + g: g for g in range(opts.gpus)})
+            base = extra = 0.0
+            since = 0
+            clock = time.process_time  # all threads of the process (a writer's pool threads count too)
+            for i, (w, b) in enumerate(data):
+                if i == warm:  # steady state from here: GPUs' engines have picked their method, roles are known
+                    base = extra = 0.0
+                t0 = clock()
+                state.apply(w, b)
+                t1 = clock()
+                steps.feed(w, b)
+                since += len(b)
+                if since >= opts.rate:  # the agent checkpoints once a second: summaries are written then
+                    steps.checkpoint()
+                    since = 0
+                t2 = clock()
+                base, extra = base + (t1 - t0), extra + (t2 - t1)
+            t0 = clock()
+            steps.checkpoint()
+            extra += clock() - t0
+            bases.append(base)
+            extras.append(extra)
             written = sum(steps.steps_total.values())
-    base, live = min(bases), min(lives)
+    base, extra_s = min(bases), min(extras)
     per_m_base = base / n * 1e6
-    per_m_live = live / n * 1e6
-    extra = per_m_live - per_m_base
-    print(f"records: {n:,} in {len(data)} batches (8 GPUs, {opts.ops_per_step} ops per step); steps: {written:,}")
-    print(f"baseline LiveState.apply:            {per_m_base:.3f} CPU s per 1M records ({n / base / 1e6:.2f} M/s)")
-    print(f"apply + live step engine:            {per_m_live:.3f} CPU s per 1M records ({n / live / 1e6:.2f} M/s)")
+    extra = extra_s / n * 1e6
+    per_m_live = per_m_base + extra
     print(
-        f"step engine extra at 1 M records/s:  {100 * extra:.1f} % of one core (ratio {per_m_live / per_m_base:.2f}x)"
+        f"records clocked: {n:,} after {opts.warmup:,} of warm-up, in {len(data) - warm} ring reads of"
+        f" {per_ring:,} ({opts.gpus} GPUs, {opts.ops_per_step} ops per step, {opts.rate:,} records/s,"
+        f" one poll per {opts.poll} s); steps: {written:,}"
+    )
+    print(f"baseline LiveState.apply:            {per_m_base:.3f} CPU s per 1M records ({n / base / 1e6:.2f} M/s)")
+    print(f"live step engine (feed+checkpoint):  {extra:.3f} CPU s per 1M records")
+    print(
+        f"step engine extra at 1 M records/s:  {100 * extra:.1f} % of one core (ratio {per_m_live / per_m_base:.2f}x"
+        " the agent's existing work)"
     )
 
     with tempfile.TemporaryDirectory() as tmp:

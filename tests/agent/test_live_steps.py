@@ -54,6 +54,7 @@ def fed(directory: Path, batches: list[tuple[str, np.ndarray]], ranks: dict[int,
     steps = LiveSteps(directory, "node-a", lambda: ranks)
     for writer, batch in batches:
         steps.feed(writer, batch)
+    steps.write_pending()  # what the agent's next checkpoint does
     return steps
 
 
@@ -100,6 +101,7 @@ def test_a_killed_and_restarted_engine_neither_loses_nor_repeats_a_step(tmp_path
     first.checkpoint()
     for writer, batch in batches[5:8]:
         first.feed(writer, batch)
+    first.write_pending()  # the next checkpoint began: its lines are on disk, its checkpoint file is not
     assert len(summaries(crash)) > 0
     del first  # SIGKILL: nothing else reaches the disk
 
@@ -108,6 +110,7 @@ def test_a_killed_and_restarted_engine_neither_loses_nor_repeats_a_step(tmp_path
     second.restore()
     for writer, batch in batches[3:]:
         second.feed(writer, batch)
+    second.write_pending()
     assert summaries(crash) == expected
 
 

@@ -15,6 +15,7 @@ is seen (its name, else its shape), so signatures stay the same across chunks an
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -25,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import polars as pl
 
 from comminsight.agent.ingest import atomic_write_json
@@ -50,8 +50,83 @@ def _string_key(column: np.ndarray) -> np.ndarray:
     return words[:, 0] * np.uint64(1000003) ^ words[:, 1]
 
 
+def _few_distinct(values: np.ndarray, limit: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """(index of each distinct value's first row, each row's code) for a column with few distinct values.
+
+    A batch of one GPU holds a handful of communicators and op names: peeling them off one at a time is
+    O(k n) with k small, where ``np.unique`` sorts the whole column (the agent's largest cost here before).
+    Beyond ``limit`` distinct values it falls back to ``np.unique``.
+    """
+    codes = np.zeros(len(values), np.int64)
+    firsts = [0]
+    rest = np.flatnonzero(values != values[0])
+    while len(rest):
+        if len(firsts) >= limit:
+            _, first, inverse = np.unique(values, return_index=True, return_inverse=True)
+            return first, inverse.reshape(-1)
+        firsts.append(int(rest[0]))
+        same = values[rest] == values[rest[0]]
+        codes[rest[same]] = len(firsts) - 1
+        rest = rest[~same]
+    return np.asarray(firsts, np.int64), codes
+
+
 def _text(values: np.ndarray) -> list[str]:
     return [bytes(v).split(b"\0", 1)[0].decode("utf-8", "replace") for v in values]
+
+
+def _summaries(block: dict[str, Any], host: str, lo: int, hi: int) -> list[dict[str, Any]]:
+    """Rows ``lo:hi`` of a final block as summary dicts (docs/formats/steps.md): the few kept in memory."""
+    by_role = (block["comm_ns"][lo:hi] / 1e9).tolist()
+    start, end = block["start_ns"][lo:hi].tolist(), block["end_ns"][lo:hi].tolist()
+    return [
+        {
+            "rank": block["rank"],
+            "pid": block["pid"],
+            "host": host,
+            "step": int(block["step"][i]),
+            "start_ns": start[i - lo],
+            "end_ns": end[i - lo],
+            "duration_s": (end[i - lo] - start[i - lo]) / 1e9,
+            "comm_s": sum(by_role[i - lo]),
+            "comm_s_by_role": dict(zip(ROLES, by_role[i - lo], strict=True)),
+            "wait_s": int(block["wait_ns"][i]) / 1e9,
+            "ops": int(block["n_ops"][i]),
+            "bytes": int(block["bytes"][i]),
+            "method": block["method"],
+        }
+        for i in range(lo, hi)
+    ]
+
+
+def _summary_lines(blocks: list[dict[str, Any]], host: str) -> bytes:
+    """Final blocks of one GPU as JSON lines (docs/formats/steps.md), in one columnar write."""
+
+    def cat(key: str) -> np.ndarray:
+        return np.concatenate([b[key] for b in blocks])
+
+    start, end, comm_s = cat("start_ns"), cat("end_ns"), cat("comm_ns") / 1e9
+    sizes = [len(b["step"]) for b in blocks]
+    frame = pl.DataFrame(
+        {
+            "rank": np.repeat([b["rank"] for b in blocks], sizes).astype(np.int64),
+            "pid": np.repeat([b["pid"] for b in blocks], sizes).astype(np.int64),
+            "host": [host] * len(start),
+            "step": cat("step"),
+            "start_ns": start,
+            "end_ns": end,
+            "duration_s": (end - start) / 1e9,
+            "comm_s": comm_s.sum(axis=1),
+            "comm_s_by_role": pl.DataFrame({role: comm_s[:, i] for i, role in enumerate(ROLES)}).to_struct(),
+            "wait_s": cat("wait_ns") / 1e9,
+            "ops": cat("n_ops"),
+            "bytes": cat("bytes"),
+            "method": [b["method"] for b, n in zip(blocks, sizes, strict=True) for _ in range(n)],
+        }
+    )
+    sink = io.BytesIO()
+    frame.write_ndjson(sink)
+    return sink.getvalue()
 
 
 class LiveSteps:
@@ -68,9 +143,12 @@ class LiveSteps:
         self.fed_seq: dict[str, int] = {}  # writer -> highest record_seq fed
         self.sizes: dict[str, int] = {}  # summary file -> bytes committed by this agent
         self.archived: dict[str, int] = {}  # summary file -> bytes already put into an archive
-        self.bytes_acc: dict[tuple[int, int], int] = {}  # (pid, step) -> bytes of its operations so far
+        # Per GPU (pid): ids of steps not final yet, ascending, and the bytes of their operations so far.
+        self.open_bytes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.pending: list[dict[str, Any]] = []  # final steps not written yet (columns per block)
         self.latest: dict[int, dict[str, Any]] = {}  # global rank -> latest final step
         self.recent: dict[int, deque[dict[str, Any]]] = {}
+        self.fresh: dict[int, dict[str, Any]] = {}  # key -> newest final block not yet made into summaries
         self.steps_total: dict[int, int] = {}
         self.new_since_report = False
         self._fingerprint = ""
@@ -92,12 +170,12 @@ class LiveSteps:
             return 0
         recs = records[keep] if not keep.all() else records
         comm = recs["comm_hash"]
-        comm_values, comm_codes = np.unique(comm, return_inverse=True)  # few communicators per batch
-        if any(int(c) not in self.roles for c in comm_values.tolist()):
+        comm_first, comm_codes = _few_distinct(comm)  # few communicators per batch
+        comm_values = comm[comm_first].tolist()
+        if any(int(c) not in self.roles for c in comm_values):
             self._learn_roles(recs)
-        role = np.array([self.roles[int(c)] for c in comm_values.tolist()], np.int64)[comm_codes]
-        func_key = _string_key(recs["func"])
-        _, first, func_codes = np.unique(func_key, return_index=True, return_inverse=True)
+        role = np.array([self.roles[int(c)] for c in comm_values], np.int64)[comm_codes]
+        first, func_codes = _few_distinct(_string_key(recs["func"]))
         names = _text(recs["func"][first])
         op_codes = np.array([OP_CODE.get(op_name(f), OP_CODE["other"]) for f in names], np.int64)[func_codes]
         nbytes = recs["bytes"].astype(np.int64)
@@ -156,67 +234,113 @@ class LiveSteps:
             self.roles.setdefault(c, 0)
 
     def flush(self) -> int:
-        """End of the job on this node: finalise every open step."""
-        return self._emit(self.engine.flush())
+        """End of the job on this node: finalise every open step (and write them)."""
+        written = self._emit(self.engine.flush())
+        self.write_pending()
+        return written
 
     def _emit(self, out: dict[str, Any]) -> int:
+        """Add the bytes of the batch's operations to their steps; queue the steps now final for writing."""
         rows, steps = out["rows"], out["steps"]
-        if len(rows):
-            ok = steps >= 0
-            key = ((rows[ok] >> _PID_SHIFT) << 32) | steps[ok]
-            uniq, inverse = np.unique(key, return_inverse=True)
-            sums = np.bincount(inverse, weights=(rows[ok] & _BYTES_MASK).astype(np.float64)).astype(np.int64)
-            for k, total in zip(uniq.tolist(), sums.tolist(), strict=True):
-                pair = (k >> 32, k & 0xFFFFFFFF)
-                self.bytes_acc[pair] = self.bytes_acc.get(pair, 0) + total
+        ok = steps >= 0
+        if ok.any():
+            pids = (rows[ok] >> _PID_SHIFT).astype(np.int64)
+            nbytes = (rows[ok] & _BYTES_MASK).astype(np.int64)
+            step_ids = steps[ok]
+            firsts, codes = _few_distinct(pids)
+            for code, pid in enumerate(pids[firsts].tolist()):
+                if len(firsts) == 1:
+                    self._add_bytes(pid, step_ids, nbytes)
+                else:
+                    mine = codes == code
+                    self._add_bytes(pid, step_ids[mine], nbytes[mine])
         written = 0
         ranks = self.pid_rank
         for block in out["final"]:
             pid = int(block["rank"][0])
             rank = ranks.get(pid, -1)
-            ids = block["step"]
-            start, end = block["start_ns"], block["end_ns"]
-            comm_ns = block["comm_ns"]
-            n = len(ids)
-            by_role = (comm_ns / 1e9).tolist()
-            columns = {
-                "rank": [rank] * n,
-                "pid": [pid] * n,
-                "host": [self.host] * n,
-                "step": ids.tolist(),
-                "start_ns": start.tolist(),
-                "end_ns": end.tolist(),
-                "duration_s": ((end - start) / 1e9).tolist(),
-                "comm_s": (comm_ns.sum(axis=1) / 1e9).tolist(),
-                "comm_s_by_role": [dict(zip(ROLES, row, strict=True)) for row in by_role],
-                "wait_s": (block["wait_ns"] / 1e9).tolist(),
-                "ops": block["n_ops"].tolist(),
-                "bytes": [self.bytes_acc.pop((pid, s), 0) for s in ids.tolist()],
-                "method": [block["method"]] * n,
-            }
-            rows = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
-            data = b"\n".join(orjson.dumps(r) for r in rows) + b"\n"
-            name = f"{self.host}-{pid}.jsonl"
-            self.dir.mkdir(parents=True, exist_ok=True)
-            with open(self.dir / name, "ab") as handle:
-                handle.write(data)
-            self.sizes[name] = self.sizes.get(name, 0) + len(data)
-            self._remember(rank if rank >= 0 else -pid, rows[-1], n, rows[-RECENT_KEPT:])
-            written += len(ids)
+            n = len(block["step"])
+            block = {**block, "rank": rank, "pid": pid, "bytes": self._take_bytes(pid, block["step"])}
+            self.pending.append(block)
+            key = rank if rank >= 0 else -pid
+            with self.lock:  # summaries of it are made only when read (views, heartbeat, checkpoint)
+                self.fresh[key] = block
+                self.steps_total[key] = self.steps_total.get(key, 0) + n
+            written += n
         if written:
             self.new_since_report = True
         return written
 
-    def _remember(self, key: int, latest: dict[str, Any], count: int, recent: list[dict[str, Any]]) -> None:
-        with self.lock:
-            self.latest[key] = latest
+    def _add_bytes(self, pid: int, steps: np.ndarray, nbytes: np.ndarray) -> None:
+        """Fold one batch's (step, bytes) of one GPU into its open steps (steps arrive in ascending order)."""
+        if np.all(steps[1:] >= steps[:-1]):
+            cuts = np.concatenate(([0], np.flatnonzero(np.diff(steps)) + 1))
+            uniq, sums = steps[cuts], np.add.reduceat(nbytes, cuts)
+        else:
+            uniq, inverse = np.unique(steps, return_inverse=True)
+            sums = np.bincount(inverse.reshape(-1), weights=nbytes.astype(np.float64)).astype(np.int64)
+        have, acc = self.open_bytes.get(pid, (np.empty(0, np.int64), np.empty(0, np.int64)))
+        if len(have) and uniq[0] == have[-1]:  # the step open at the end of the last batch continues
+            acc = acc.copy()
+            acc[-1] += sums[0]
+            uniq, sums = uniq[1:], sums[1:]
+        if len(have) and len(uniq) and uniq[0] <= have[-1]:  # out of order: merge the slow way
+            both, inverse = np.unique(np.concatenate((have, uniq)), return_inverse=True)
+            weights = np.concatenate((acc, sums)).astype(np.float64)
+            self.open_bytes[pid] = (both, np.bincount(inverse.reshape(-1), weights=weights).astype(np.int64))
+        else:
+            self.open_bytes[pid] = (np.concatenate((have, uniq)), np.concatenate((acc, sums)))
+
+    def _take_bytes(self, pid: int, ids: np.ndarray) -> np.ndarray:
+        """The bytes of steps ``ids`` of one GPU, which are final: they leave the open steps."""
+        have, acc = self.open_bytes.get(pid, (np.empty(0, np.int64), np.empty(0, np.int64)))
+        if not len(have):
+            return np.zeros(len(ids), np.int64)
+        at = np.minimum(np.searchsorted(have, ids), len(have) - 1)
+        found = have[at] == ids
+        keep = np.ones(len(have), bool)
+        keep[at[found]] = False
+        self.open_bytes[pid] = (have[keep], acc[keep])
+        return np.where(found, acc[at], 0).astype(np.int64)
+
+    def write_pending(self) -> int:
+        """Append the final steps queued since the last call to their GPU's file; returns lines written.
+
+        Called before each checkpoint (every second), at flush and before an archive takes the files: one
+        columnar write per GPU and second, so a summary costs a row of a frame, not a dict and a JSON dump.
+        """
+        if not self.pending:
+            return 0
+        blocks, self.pending = self.pending, []
+        by_pid: dict[int, list[dict[str, Any]]] = {}
+        for block in blocks:
+            by_pid.setdefault(block["pid"], []).append(block)
+        written = 0
+        for pid, mine in by_pid.items():
+            data = _summary_lines(mine, self.host)
+            name = f"{self.host}-{pid}.jsonl"
+            if name not in self.sizes:  # a new GPU (or a fresh agent): the folder may not exist yet
+                self.dir.mkdir(parents=True, exist_ok=True)
+            with open(self.dir / name, "ab") as handle:
+                handle.write(data)
+            self.sizes[name] = self.sizes.get(name, 0) + len(data)
+            written += sum(len(b["step"]) for b in mine)
+        return written
+
+    def _materialise_locked(self) -> None:
+        """Turn the newest final block of each GPU into its latest and recent summaries (caller holds lock)."""
+        for key, block in self.fresh.items():
+            n = len(block["step"])
+            recent = _summaries(block, self.host, max(0, n - RECENT_KEPT), n)
+            self.latest[key] = recent[-1]
             self.recent.setdefault(key, deque(maxlen=RECENT_PER_RANK)).extend(recent)
-            self.steps_total[key] = self.steps_total.get(key, 0) + count
+        self.fresh.clear()
 
     # ---- views -----------------------------------------------------------------------------------
     def latest_steps(self) -> list[dict[str, Any]]:
         """Latest final step per rank, in the live heartbeat's shape (docs/formats/upload.md)."""
         with self.lock:
+            self._materialise_locked()
             items = sorted(self.latest.items())
         return [
             {
@@ -234,6 +358,7 @@ class LiveSteps:
 
     def view(self, limit: int = 16) -> dict[str, Any]:
         with self.lock:
+            self._materialise_locked()
             return {
                 "ranks": [
                     {
@@ -251,6 +376,9 @@ class LiveSteps:
     # ---- checkpoint ------------------------------------------------------------------------------
     def checkpoint(self) -> None:
         """Engine state + file sizes + fed watermarks, atomically (see module doc for the order)."""
+        self.write_pending()
+        with self.lock:
+            self._materialise_locked()
         fingerprint = json.dumps([self.fed_seq, self.sizes, self.archived], sort_keys=True)
         if fingerprint == self._fingerprint:
             return  # nothing fed since the last checkpoint
@@ -268,7 +396,11 @@ class LiveSteps:
                 "fed_seq": self.fed_seq,
                 "sizes": self.sizes,
                 "archived": self.archived,
-                "bytes_acc": [[p, s, b] for (p, s), b in self.bytes_acc.items()],
+                "bytes_acc": [
+                    [p, s, b]
+                    for p, (steps, acc) in self.open_bytes.items()
+                    for s, b in zip(steps.tolist(), acc.tolist(), strict=True)
+                ],
                 "steps_total": {str(k): v for k, v in self.steps_total.items()},
                 "latest": {str(k): v for k, v in self.latest.items()},
             },
@@ -288,7 +420,13 @@ class LiveSteps:
             self.fed_seq = {str(k): int(v) for k, v in saved["fed_seq"].items()}
             self.sizes = {str(k): int(v) for k, v in saved["sizes"].items()}
             self.archived = {str(k): int(v) for k, v in saved.get("archived", {}).items()}
-            self.bytes_acc = {(int(p), int(s)): int(b) for p, s, b in saved.get("bytes_acc", [])}
+            open_bytes: dict[int, list[tuple[int, int]]] = {}
+            for p, step, b in sorted(saved.get("bytes_acc", [])):
+                open_bytes.setdefault(int(p), []).append((int(step), int(b)))
+            self.open_bytes = {
+                p: (np.array([x for x, _ in v], np.int64), np.array([y for _, y in v], np.int64))
+                for p, v in open_bytes.items()
+            }
             self.steps_total = {int(k): int(v) for k, v in saved.get("steps_total", {}).items()}
             self.latest = {int(k): v for k, v in saved.get("latest", {}).items()}
             self.recent = {k: deque([v], maxlen=RECENT_PER_RANK) for k, v in self.latest.items()}
@@ -314,6 +452,7 @@ class LiveSteps:
     # ---- archives --------------------------------------------------------------------------------
     def unarchived(self) -> tuple[bytes, dict[str, int]]:
         """Summary lines written since the last seal (JSON lines), and the sizes they reach."""
+        self.write_pending()
         chunks = []
         upto = {}
         for name, size in sorted(self.sizes.items()):

@@ -276,7 +276,10 @@ class StepEngine:
         m = len(ev["row"])
         state.setup = max(0, state.setup - m)
         base = state.step
-        step = base + np.searchsorted(starts, np.arange(m), side="right")
+        # Step of each event = steps opened at or before it: a running count of the starts (starts are distinct).
+        opened = np.zeros(m, np.int64)
+        opened[starts[starts < m]] = 1
+        step = base + np.cumsum(opened)
         self._accumulate(state, ev, step, starts, base)
         final = self._finalise(r, state, flush)
         return ev["row"], step, final
@@ -295,7 +298,9 @@ class StepEngine:
         dur = (ev["end_ns"] - ev["start_ns"]).astype(np.float64)
         acc[:, 4:] = np.bincount(k * N_ROLES + ev["role"], weights=dur, minlength=nk * N_ROLES).reshape(nk, N_ROLES)
         last_end = np.full(nk, np.iinfo(np.int64).min)
-        np.maximum.at(last_end, k, ev["end_ns"])
+        # k never decreases (steps open in order): a maximum per run of equal k, not a scatter (ufunc.at).
+        runs = np.concatenate(([0], np.flatnonzero(np.diff(k)) + 1))
+        last_end[k[runs]] = np.maximum.reduceat(ev["end_ns"], runs)
         acc[:, 1] = last_end
         acc[1:, 0] = ev["start_ns"][starts]
         if base >= 0 and acc[0, 2] and state.open_ids.size and state.open_ids[-1] == base:

@@ -114,12 +114,10 @@ def infer_roles(table: pa.Table | pl.DataFrame) -> dict[str, str]:
 
 def signatures(role_codes: np.ndarray, op_codes: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
     """Signature integers from per-event role codes, op codes and byte counts (-1 = unknown)."""
-    b = np.where(nbytes > 0, nbytes, 0).astype(np.uint64)
-    # bit_length of each size, vectorised: floor(log2(b)) + 1 for b > 0.
-    bucket = np.zeros(b.shape, dtype=np.int64)
-    nz = b > 0
-    bucket[nz] = np.floor(np.log2(b[nz].astype(np.float64))).astype(np.int64) + 1
-    bucket = np.minimum(bucket, 63)
+    b = np.maximum(nbytes, 0).astype(np.float64)
+    # bit_length of each size, vectorised: frexp's exponent e has b = m * 2**e with 0.5 <= m < 1, i.e.
+    # e = floor(log2(b)) + 1 for b > 0 and 0 for b = 0 (exact for sizes below 2**53).
+    bucket = np.minimum(np.frexp(b)[1].astype(np.int64), 63)
     return (role_codes.astype(np.int64) * 16 + op_codes.astype(np.int64)) * 64 + bucket
 
 
