@@ -65,6 +65,18 @@ def test_per_step_clocks_are_laid_end_to_end_in_step_order() -> None:
     assert s2.tolist() == [0, 10, 30, 40]
 
 
+def test_pipeline_steps_that_overlap_are_already_one_timeline() -> None:
+    import numpy as np
+
+    # Stage 0 starts step 2 at 100 while the last stage finishes step 1 at 125: not a clock restart.
+    step = np.array([1, 1, 2, 2])
+    start = np.array([0, 25, 100, 125])
+    end = np.array([100, 125, 200, 225])
+    s, e = lay_steps_end_to_end(step, start, end)
+    assert s.tolist() == start.tolist()
+    assert e.tolist() == end.tolist()
+
+
 def test_bytedance_trace_collectives_get_inferred_communicators(bytedance_dir) -> None:
     df = pl.from_arrow(load(bytedance_dir / "trace-ST.parquet"))
     coll = df.filter(~pl.col("is_p2p") & (pl.col("op") != "compute") & (pl.col("comm_size") > 1))

@@ -24,6 +24,7 @@ MEGATRON_64 = Layout(tp=4, pp=4, dp=4)
 CP_128 = Layout(pp=2, dp=32, cp=2)
 SMALL = Layout(tp=2, pp=2, dp=2)
 MID = Layout(tp=2, pp=2, dp=4)
+PIPELINE_128 = Layout(tp=2, pp=4, dp=16)
 
 
 def _late_by(layout: Layout, share: float) -> float:
@@ -55,6 +56,33 @@ JOBS: dict[str, tuple[Layout, tuple[Fault, ...], dict]] = {
     "8 GPUs, rank 1 late by 3% of the step before its TP all-reduce": (
         SMALL,
         (Fault("late", {"rank": 1}, delay_ms=_late_by(SMALL, 0.03), before="tp-all-reduce"),),
+        {"group": "rank=1"},
+    ),
+    # Deeper pipelines: their steps overlap in time (the first stage starts the next step while
+    # the last finishes this one), which once read as restarting clocks and shifted every step.
+    "64 GPUs TP4xPP4xDP4, backward of the first stage 1.4x slower": (
+        MEGATRON_64,
+        (Fault("compute", {"pp": 0}, factor=1.4, phase="backward"),),
+        {"group": "pp=0"},
+    ),
+    "64 GPUs TP4xPP4xDP4, one data-parallel communicator's transfers 4x slower": (
+        MEGATRON_64,
+        (Fault("comm", {"pp": 0, "tp": 0}, factor=4.0, group="dp"),),
+        {"group": "comm=dp:pp0tp0"},
+    ),
+    "64 GPUs TP4xPP4xDP4, rank 1 late by 3% of the step before its TP all-reduce": (
+        MEGATRON_64,
+        (Fault("late", {"rank": 1}, delay_ms=_late_by(MEGATRON_64, 0.03), before="tp-all-reduce"),),
+        {"group": "rank=1"},
+    ),
+    "128 GPUs TP2xPP4xDP16, backward of the last stage 1.4x slower": (
+        PIPELINE_128,
+        (Fault("compute", {"pp": 3}, factor=1.4, phase="backward"),),
+        {"group": "pp=3"},
+    ),
+    "128 GPUs DP32xPP2xCP2, rank 1 late by 3% of the step before its backward": (
+        CP_128,
+        (Fault("late", {"rank": 1}, delay_ms=_late_by(CP_128, 0.03), before="backward-compute"),),
         {"group": "rank=1"},
     ),
 }
@@ -152,6 +180,17 @@ def test_a_noisy_job_without_a_straggler_names_no_one(seed: int, tmp_path: Path)
     report = analyse_stragglers(_read_back(job, tmp_path))
     assert report.culprits == []
     assert report.evidence == "ok"
+
+
+@pytest.mark.parametrize("layout", [MEGATRON_64, PIPELINE_128], ids=["64 GPUs TP4xPP4xDP4", "128 GPUs TP2xPP4xDP16"])
+def test_a_noisy_pipeline_without_a_straggler_names_no_one_and_its_ratio_is_the_noise(
+    layout: Layout, tmp_path: Path
+) -> None:
+    job = generate(layout, steps=5, noise=0.05, seed=0)
+    report = analyse_stragglers(_read_back(job, tmp_path))
+    assert report.culprits == []
+    assert abs(report.slowdown["ratio"] / job.truth["slowdown_vs_mean"] - 1.0) <= TOLERANCE
+    assert abs(report.slowdown["healthy_ratio"] / job.truth["slowdown"] - 1.0) <= TOLERANCE
 
 
 def test_per_step_results_carry_the_jobs_own_step_ids(tmp_path: Path) -> None:

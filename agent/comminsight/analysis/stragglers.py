@@ -42,7 +42,7 @@ from comminsight.semantic.roles import infer_roles
 
 COORDS = ("dp_rank", "pp_rank", "tp_rank")
 NOISE_MULTIPLE = 3.0  # a culprit saves at least this many times the typical rank's saving
-TEMPORAL_SE = 2.0  # a rank set's mean excess must exceed this many standard errors over steps
+TEMPORAL_SE = 2.0  # a rank set's median excess must exceed this many robust standard errors over steps
 WAIT_CLOCK_SLACK_NS = 50_000  # CPU issue times and GPU end times come from different clocks
 
 
@@ -177,7 +177,8 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
         .to_numpy()
         .astype(np.float64)
     )
-    own_start = np.where(np.isnan(own_start), s, own_start)  # first step seen: no earlier end known
+    carry_known = ~np.isnan(own_start)
+    own_start = np.where(carry_known, own_start, s)  # first step seen: no earlier end known
     # The step begins when the first rank has finished its previous step (or, for the first
     # step seen, when the first rank starts it).
     first_of = prev < 0
@@ -248,6 +249,13 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     keys = pl.DataFrame({"l": labels_all, "p": prev_label, "k": ev.get_column("occurrence")})
     arrays["work_key"] = keys.select(pl.struct("l", "k").rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
     arrays["gap_key"] = keys.select(pl.struct("p", "l", "k").rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
+    # The time carried in from the previous step is a property of the rank's place in the
+    # pipeline (the last stage finishes a step later than the first starts the next): compared
+    # only among ranks running the same program, and only where the previous step was seen.
+    carry_keys = keys.with_columns(g=pl.Series(arrays["gap_key"]), prog=ev.get_column("program"))
+    carry_rank = carry_keys.select(pl.struct("prog", "g").rank("dense").cast(pl.Int64) - 1)
+    arrays["carry_key"] = carry_rank.to_series().to_numpy()
+    arrays["carry_known"] = carry_known
     role_op = pl.concat_str(
         [role, pl.when(pl.col("is_p2p")).then(pl.lit("send/recv")).otherwise(pl.col("op"))], separator=" "
     )
@@ -439,7 +447,8 @@ def _ideal_inputs(arrays: dict[str, np.ndarray]) -> None:
     first = arrays["prev"] < 0
     q_gap = _lower_quartile(arrays["gap_key"], gap)
     q_work = _lower_quartile(arrays["work_key"], work)
-    q_carry = _lower_quartile(arrays["gap_key"], np.where(first, carry, np.nan))
+    carried = np.where(first & arrays["carry_known"], carry, np.nan)
+    q_carry = _lower_quartile(arrays["carry_key"], carried)
     arrays["ideal_gap"] = np.where(np.isnan(q_gap), gap, np.minimum(gap, q_gap))
     arrays["ideal_work"] = np.where(np.isnan(q_work), work, np.minimum(work, q_work))
     med_gap = _quantile(arrays["gap_key"], gap, 0.5)
@@ -456,8 +465,10 @@ def _ideal_inputs(arrays: dict[str, np.ndarray]) -> None:
     arrays["rank_ids"] = rank_ids
     arrays["ideal_carry"] = np.where(first & ~np.isnan(q_carry), np.minimum(carry, q_carry), carry)
     # The what-if study's ideal: every operation at its mean over ranks and steps.
-    for name, key, values in (("gap", "gap_key", gap), ("work", "work_key", work), ("carry", "gap_key", carry)):
-        mean = _mean(arrays[key], np.where(first, values, np.nan) if name == "carry" else values)
+    for name, key, values in (("gap", "gap_key", gap), ("work", "work_key", work), ("carry", "carry_key", carry)):
+        mean = _mean(arrays[key], carried if name == "carry" else values)
+        if name == "carry":
+            mean = np.where(np.isnan(carried), np.nan, mean)
         arrays[f"mean_{name}"] = np.where(np.isnan(mean), values, mean)
 
 
@@ -544,18 +555,24 @@ def _significant(extra: np.ndarray, pooled_sd: float = 0.0) -> bool:
     """Excess above zero by more than noise (any positive one when one step).
 
     With ``pooled_sd`` (what a set of healthy ranks of the same size shows in a step): the median
-    over steps against it (a few outlier steps do not make a culprit; a straggler that starts late
-    in the trace still does), and the mean against the set's own spread over steps. The second
-    test catches what the first cannot: noise shared by the members of a group (a TP group's
-    collectives take one time for all), which the per-rank spread does not see. Without it (a
-    communicator): the mean against the subset's own spread over steps.
+    and the mean over steps against it (a few outlier steps neither make a culprit nor, when the
+    rest are steadily slow, hide one; a straggler that starts late in the trace still counts),
+    and the median against the set's own robust spread over steps: that catches noise shared by
+    the members of a group (a TP group's collectives take one time for all), which the per-rank
+    spread does not see. Without it (a communicator): the mean against the subset's own spread
+    over steps.
     """
     if extra.size < 2:
         return bool(extra.sum() > 0)
     se = float(extra.std(ddof=1)) / np.sqrt(extra.size)
     if pooled_sd > 0:
-        steady = extra.size < 3 or float(extra.mean()) > TEMPORAL_SE * se
-        return steady and float(np.median(extra)) > NOISE_MULTIPLE * 1.25 * pooled_sd / np.sqrt(extra.size)
+        # Robust over steps: one odd step (the first, holding set-up work; a straggler that
+        # starts later) must not hide a steady excess.
+        med = float(np.median(extra))
+        robust_se = 1.4826 * float(np.median(np.abs(extra - med))) / np.sqrt(extra.size)
+        steady = extra.size < 3 or med > TEMPORAL_SE * robust_se
+        bar = NOISE_MULTIPLE * 1.25 * pooled_sd / np.sqrt(extra.size)
+        return steady and med > bar and float(extra.mean()) > bar
     return float(extra.mean()) > max(NOISE_MULTIPLE * se, 0.0)
 
 
@@ -766,16 +783,22 @@ def analyse_stragglers(
         else:
             totals = {n: t_remove[n] for n in open_names}
         savings = {n: float((current - t).mean()) for n, t in totals.items()}
+        chosen_events = np.isin(arrays["rank"], list(chosen.ranks))
         singles = np.array([v for n, v in savings.items() if n.startswith("rank=")])
         threshold = _noise_threshold(singles, float(current.mean()), min_gain)
         passing = {}
         for n, v in savings.items():
             c = cands[n]
             rank_based = not n.startswith("comm=")
-            extra = _excess(arrays, c.work & ~chosen.work, c.gap & ~chosen.gap)
             pooled = 0.0
             if rank_based:
+                # Only the ranks not yet named: a named communicator's members also carry its
+                # effects in their gaps (they finish steps later), which are not this set's own.
+                own = c.work & ~chosen_events
+                extra = _excess(arrays, own, own)
                 extra, pooled = _rank_excess(arrays, extra, c.ranks - chosen.ranks, chosen.ranks)
+            else:
+                extra = _excess(arrays, c.work & ~chosen.work, c.gap & ~chosen.gap)
             # A candidate must stand out from the others of its kind (the other ranks, DP ranks,
             # stages: itself left out); a group also from single ranks (making a whole group
             # typical trims more jitter than one rank).

@@ -8,8 +8,10 @@ operation tables"), converts times to nanoseconds, and fills what the table does
 * **Time units** come from the column name's suffix (``_ns``, ``_us``, ``_ms``, ``_s``); an
   unsuffixed floating-point column is seconds, an unsuffixed integer column nanoseconds.
 * **Per-step relative clocks**: when the table has a step column and each step's times restart
-  (a later step begins before an earlier one ends), the steps are laid end to end, in step order,
-  into one timeline: each step is shifted so it begins where the previous one ended.
+  (a later step begins within the first quarter of the previous one: at the same relative zero),
+  the steps are laid end to end, in step order, into one timeline: each step is shifted so it
+  begins where the previous one ended. Steps that merely overlap (a pipeline's first stage starts
+  the next step while its last stage finishes this one) are one timeline already.
 * **Communicators**, when no communicator column exists, are inferred from timing: the members
   of a collective finish together (their end times agree far better than their start times).
   For every operation name the importer tries the candidate member groups (all ranks, then
@@ -202,9 +204,13 @@ def lay_steps_end_to_end(step: np.ndarray, start: np.ndarray, end: np.ndarray) -
     hi = np.full(len(steps), np.iinfo(np.int64).min)
     np.minimum.at(lo, inverse, start)
     np.maximum.at(hi, inverse, end)
-    if np.all(lo[1:] >= hi[:-1]):
-        return start, end  # already one timeline
     span = hi - lo
+    # One timeline: each step begins well after the previous one began. Steps of a pipeline
+    # overlap (the first stage starts step k+1 while the last still finishes step k), so
+    # "begins before the previous one ends" is no sign of a restarting clock; a step that begins
+    # within the first quarter of the previous one's span (at the same relative zero) is.
+    if np.all(lo[1:] >= lo[:-1] + 0.25 * span[:-1]):
+        return start, end
     begin = np.concatenate(([lo[0]], lo[0] + np.cumsum(span[:-1])))
     shift = (begin - lo)[inverse]
     return start + shift, end + shift
