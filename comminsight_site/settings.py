@@ -179,7 +179,30 @@ AUTH_PASSWORD_VALIDATORS = [{"NAME": "apps.accounts.passwords.ByteLengthValidato
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
+    "apps.accounts.oidc.ExternalIdentityBackend",  # does nothing unless single sign-on is configured
 ]
+# Single sign-on (OpenID Connect, apps/accounts/oidc.py): on when a client id is set; the provider's endpoints
+# and the client secret are then required (a missing one fails at start). docs/operators.md lists them.
+OIDC_RP_CLIENT_ID = env.str("COMMINSIGHT_OIDC_CLIENT_ID", default="")
+SSO_ENABLED = bool(OIDC_RP_CLIENT_ID)
+
+
+def _oidc(name: str) -> str:
+    return env.str(name) if SSO_ENABLED else env.str(name, default="")
+
+
+OIDC_RP_CLIENT_SECRET = _oidc("COMMINSIGHT_OIDC_CLIENT_SECRET")
+OIDC_OP_AUTHORIZATION_ENDPOINT = _oidc("COMMINSIGHT_OIDC_AUTHORIZATION_ENDPOINT")
+OIDC_OP_TOKEN_ENDPOINT = _oidc("COMMINSIGHT_OIDC_TOKEN_ENDPOINT")
+OIDC_OP_USER_ENDPOINT = _oidc("COMMINSIGHT_OIDC_USERINFO_ENDPOINT")
+OIDC_OP_JWKS_ENDPOINT = _oidc("COMMINSIGHT_OIDC_JWKS_ENDPOINT")
+OIDC_RP_SIGN_ALGO = env.str("COMMINSIGHT_OIDC_SIGN_ALGO", default="RS256")
+SSO_PROVIDER_NAME = env.str("COMMINSIGHT_OIDC_PROVIDER_NAME", default="single sign-on")
+OIDC_RP_SCOPES = "openid email profile"
+OIDC_USE_PKCE = True
+OIDC_TIMEOUT = 15
+OIDC_AUTHENTICATION_CALLBACK_URL = "accounts:sso_callback"
+LOGIN_REDIRECT_URL_FAILURE = "/accounts/login/?sso=failed"
 AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
 AXES_COOLOFF_TIME = env.float("AXES_COOLOFF_HOURS", default=0.25)  # hours
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]

@@ -18,13 +18,18 @@ class User(AbstractUser):
     """A person who signs in. Root is the initialisation account; root grants and revokes administrators."""
 
     role = models.CharField(max_length=8, choices=Role.choices, default=Role.USER)
-    # Identities from an external provider (a later seam) never become administrators automatically.
+    # ``oidc:<subject>`` for accounts of the single sign-on provider (apps/accounts/oidc.py); such identities
+    # never become administrators automatically.
     external_identity = models.CharField(max_length=255, blank=True, default="")
 
     class Meta:
         constraints = [
             # At most one root, ever: the initialisation race is decided by the database.
             models.UniqueConstraint(fields=["role"], condition=Q(role="root"), name="accounts_single_root"),
+            # One account per single sign-on identity, even when its first two sign-ins race.
+            models.UniqueConstraint(
+                fields=["external_identity"], condition=~Q(external_identity=""), name="accounts_one_user_per_identity"
+            ),
         ]
 
     @property

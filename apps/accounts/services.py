@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import logging
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
@@ -197,6 +198,32 @@ def user_create(*, actor: User, username: str, password: str, email: str = "") -
         raise AccountsError(" ".join(exc.messages)) from exc
     user.set_password(password)
     user.save()
+    return user
+
+
+def external_user_sign_in(*, identity: str, username_hint: str, email: str = "") -> User:
+    """The account of an identity from the single sign-on provider, created on first sign-in.
+
+    Found by ``identity`` only (never by name or e-mail, so a provider account called "root" or carrying an
+    administrator's address is a different person here); created as a regular user with no usable password —
+    external identities never become administrators automatically (root promotes them like anyone).
+    """
+    user = User.objects.filter(external_identity=identity).first()
+    if user is not None:
+        return user
+    base = re.sub(r"[^\w.@+-]", "-", username_hint.strip())[:140] or "sso-user"
+    username, suffix = base, 1
+    while User.objects.filter(username=username).exists():
+        suffix += 1
+        username = f"{base}-{suffix}"
+    user = User(username=username, email=email[:254], role=Role.USER, external_identity=identity)
+    user.set_unusable_password()
+    try:
+        with transaction.atomic():
+            user.save()
+    except IntegrityError:  # the same identity's concurrent first sign-in (or a name taken meanwhile): retry
+        return external_user_sign_in(identity=identity, username_hint=username_hint, email=email)
+    logger.info("single sign-on created user %s for %s", username, identity)
     return user
 
 

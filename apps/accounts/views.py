@@ -75,6 +75,13 @@ class SignInView(auth_views.LoginView):
             return redirect("accounts:init")
         return super().dispatch(request, *args, **kwargs)
 
+    def get_context_data(self, **kwargs: object) -> dict:
+        return {
+            **super().get_context_data(**kwargs),
+            "sso_name": settings.SSO_PROVIDER_NAME if settings.SSO_ENABLED else "",
+            "sso_failed": settings.SSO_ENABLED and self.request.GET.get("sso") == "failed",
+        }
+
 
 class SignOutView(auth_views.LogoutView):
     """POST only (Django's LogoutView refuses GET), so a link in a page cannot sign someone out."""

@@ -94,6 +94,9 @@ MATRIX: dict[str, list[Case]] = {
     "accounts:init": [Case("get", everyone(404)), Case("post", everyone(404), body=lambda p: {"token": "x"})],
     "accounts:login": [Case("get", statuses(200, 200, 302, 302, 302, 302, 302))],
     "accounts:logout": [Case("post", everyone(302)), Case("get", everyone(405))],
+    # Single sign-on is not configured here (tests/site/test_sso.py runs a real provider): the routes are 404.
+    "accounts:sso": [Case("get", everyone(404))],
+    "accounts:sso_callback": [Case("get", everyone(404))],
     "accounts:password_change": [Case("get", signed_in(302, 200))],
     "accounts:users": [
         Case("get", statuses(302, 302, 200, 200, 404, 404, 404), count={"root": 5, "admin": 5}, count_key="users"),
