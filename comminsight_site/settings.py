@@ -209,6 +209,9 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "accounts/locked_out.html"
 AXES_ENABLED = env.bool("AXES_ENABLED", default=True)
+# Failed sign-ins from one address across every user name (password spraying) before the page answers 429
+# for the rest of the cool-off; higher than the per-name limit, so one user's typos do not lock an office NAT.
+SIGN_IN_ADDRESS_FAILURE_LIMIT = env.int("AXES_ADDRESS_FAILURE_LIMIT", default=20)
 
 BOOTSTRAP_TOKEN_PATH = DATA_DIR / "bootstrap-token"
 # Wrong bootstrap tokens per client address per window before the page answers 429.

@@ -9,6 +9,7 @@ import platform
 import subprocess
 
 import django
+from axes.helpers import get_client_ip_address
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
@@ -23,7 +24,7 @@ from comminsight_site.charts import architecture_option
 from . import services
 from .forms import AgentTokenCreateForm, InitialiseForm, UserCreateForm
 from .models import User
-from .selectors import agent_tokens_visible_to, users_listed_for
+from .selectors import agent_tokens_visible_to, sign_in_failures_from, users_listed_for
 
 
 def client_address(request: HttpRequest) -> str:
@@ -73,6 +74,11 @@ class SignInView(auth_views.LoginView):
     def dispatch(self, request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
         if not services.root_exists():
             return redirect("accounts:init")
+        if request.method == "POST" and settings.AXES_ENABLED:
+            # Per name and address is axes' own lockout; this one counts every name tried from the address.
+            address = get_client_ip_address(request) or "unknown"
+            if sign_in_failures_from(address) >= settings.SIGN_IN_ADDRESS_FAILURE_LIMIT:
+                return render(request, "accounts/locked_out.html", {"address_locked": True}, status=429)
         return super().dispatch(request, *args, **kwargs)
 
     def get_context_data(self, **kwargs: object) -> dict:

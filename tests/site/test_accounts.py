@@ -129,3 +129,17 @@ def test_a_second_root_cannot_exist(personas):
 
     with pytest.raises(IntegrityError), transaction.atomic():
         User.objects.create(username="root2", role=Role.ROOT)
+
+
+def test_spraying_one_password_over_many_names_from_one_address_is_throttled(client, personas, settings):
+    settings.SIGN_IN_ADDRESS_FAILURE_LIMIT = 20
+    for n in range(30):
+        response = sign_in(client, f"user-{n}", "Summer2026!")
+        if response.status_code == 429:
+            break
+    assert n == 20  # the 21st name tried is refused without being checked
+    assert b"under several names" in response.content
+    # From that address even a right password waits; another address is not affected.
+    assert sign_in(client, "bob", PASSWORD).status_code == 429
+    elsewhere = Client(REMOTE_ADDR="10.9.8.7")
+    assert sign_in(elsewhere, "bob", PASSWORD).status_code == 302
