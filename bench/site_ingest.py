@@ -1,16 +1,19 @@
-"""Site ingest API on loopback: upload throughput and API latency under 50 concurrent agents.
+"""Site ingest on loopback: upload throughput, server memory and API latency under 50 agents, streaming vs buffering.
 
-Starts the real site (`manage.py serve`, Daphne) in a subprocess on a temporary data directory, then:
+Starts the real site (`manage.py serve --workers N`, Daphne) twice on one temporary data directory, in the same
+run: first as the baseline (COMMINSIGHT_SERVER_STREAM_BODIES=0: stock Daphne buffers each body, Django copies it,
+the view writes it), then with bodies streamed to disk ahead of Django (the default). Against each:
   - upload:  one resumable upload of --size-mib MiB in PATCH chunks of min(--chunk-mib, the site's max_chunk),
-             as the agent sends them (create, append, finalize);
-             baseline: a plain file copy of the same bytes in the same run (shutil.copyfile).
-  - latency: --clients concurrent agents (threads, one HTTP connection each) each sending --rounds of
-             heartbeat POST + upload HEAD + upload create (resume); baseline: one agent alone, same requests.
-Prints MB/s and the ratio to the copy, and p50/p99 latency against the single-client baseline.
-Targets (DESIGN §9): ingest >= 200 MB/s on loopback; API p99 < 100 ms with 50 agents uploading.
+             as the agent sends them (checksums computed before the clock starts); MB/s, and the peak resident
+             memory of the server workers (VmHWM summed over them);
+  - latency: --clients closed-loop agents (threads, one HTTP connection each), each sending --rounds of
+             heartbeat POST + upload HEAD + upload create (resume) + one PATCH chunk of --crowd-chunk-kib KiB
+             (at most 8 MiB); p50/p99 over all requests and per kind.
+Prints each figure for both servers and the ratio streaming / baseline.
+Targets (DESIGN §9, issue 13): one agent >= 200 MB/s; p99 <= 100 ms with 50 agents, each request <= 8 MiB.
 
-Run: .venv/bin/python bench/site_ingest.py [--size-mib 256] [--chunk-mib 8] [--workers 1] [--clients 50]
-     [--rounds 20]
+Run: .venv/bin/python bench/site_ingest.py [--size-mib 256] [--chunk-mib 8] [--workers 2] [--clients 50]
+     [--rounds 10] [--crowd-chunk-kib 256]
 Uses SQLite in the temporary data directory unless BENCH_DATABASE_URL is set (a database it may migrate).
 """
 
@@ -19,7 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import shutil
 import socket
 import statistics
 import subprocess
@@ -51,30 +53,29 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def upload(client: httpx.Client, base: str, path: Path, sha: str, chunk: int) -> tuple[float, float, int]:
-    """(seconds appending all chunks, seconds finalizing, chunk size used); create is excluded."""
-    size = path.stat().st_size
-    body = {"sha256": sha, "size": size, "filename": "ci-bench-n1-0-1.tar.zst"}
+def upload(client: httpx.Client, base: str, data: bytes, chunk: int) -> tuple[float, float, int]:
+    """(seconds appending all chunks, seconds finalizing, chunk size used); create and checksums are excluded."""
+    body = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "filename": "ci-bench-n1-0-1.tar.zst"}
     created = client.post(base + "uploads/", json=body).json()
     upload_id = created["upload_id"]
     chunk = min(chunk, int(created["max_chunk"]))  # the agent's rule (comminsight.agent.uploader)
     url = f"{base}uploads/{upload_id}/"
+    view = memoryview(data)
+    chunks = [
+        (o, view[o : o + chunk], hashlib.sha256(view[o : o + chunk]).hexdigest()) for o in range(0, len(data), chunk)
+    ]
     started = time.perf_counter()
-    with path.open("rb") as handle:
-        offset = 0
-        while offset < size:
-            data = handle.read(chunk)
-            response = client.patch(
-                url,
-                content=data,
-                headers={
-                    "Content-Type": "application/offset+octet-stream",
-                    "Upload-Offset": str(offset),
-                    "Upload-Checksum": f"sha256 {hashlib.sha256(data).hexdigest()}",
-                },
-            )
-            response.raise_for_status()
-            offset += len(data)
+    for offset, piece, digest in chunks:
+        response = client.patch(
+            url,
+            content=bytes(piece),
+            headers={
+                "Content-Type": "application/offset+octet-stream",
+                "Upload-Offset": str(offset),
+                "Upload-Checksum": f"sha256 {digest}",
+            },
+        )
+        response.raise_for_status()
     elapsed = time.perf_counter() - started
     started = time.perf_counter()
     client.post(url + "finalize/").raise_for_status()
@@ -82,36 +83,49 @@ def upload(client: httpx.Client, base: str, path: Path, sha: str, chunk: int) ->
 
 
 def agent_rounds(
-    base: str, token: str, rounds: int, node: str, latencies: list[tuple[str, float]], errors: list[str]
+    base: str, token: str, rounds: int, node: str, chunk_bytes: int, latencies: list, errors: list[str]
 ) -> None:
-    with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+    """One closed-loop agent: each round a heartbeat, an upload HEAD, a create (resume) and one chunk."""
+    payload = os.urandom(chunk_bytes)
+    chunk_headers = {"Content-Type": "application/offset+octet-stream"}
+    chunk_headers["Upload-Checksum"] = f"sha256 {hashlib.sha256(payload).hexdigest()}"
+    with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=120) as client:
         sha = hashlib.sha256(node.encode()).hexdigest()
-        created = client.post(base + "uploads/", json={"sha256": sha, "size": 1 << 20, "filename": "ci-x.tar.zst"})
-        upload_id = created.json()["upload_id"]
+        create = {"sha256": sha, "size": chunk_bytes * (rounds + 1), "filename": "ci-x.tar.zst"}
+        upload_id = client.post(base + "uploads/", json=create).json()["upload_id"]
+        url = f"{base}uploads/{upload_id}/"
         beat = {"workload_id": "bench", "node": node, "sent_ns": 0, "communicators": []}
+        offset = 0
         for _ in range(rounds):
-            for kind, send in (
-                ("heartbeat", lambda: client.post(base + "live/", json=beat)),
-                ("head", lambda: client.head(f"{base}uploads/{upload_id}/")),
-                (
-                    "create",
-                    lambda: client.post(
-                        base + "uploads/", json={"sha256": sha, "size": 1 << 20, "filename": "ci-x.tar.zst"}
-                    ),
-                ),
-            ):
+            for kind in ("heartbeat", "head", "create", "chunk"):
                 started = time.perf_counter()
-                response = send()
+                if kind == "heartbeat":
+                    response = client.post(base + "live/", json=beat)
+                elif kind == "head":
+                    response = client.head(url)
+                elif kind == "create":
+                    response = client.post(base + "uploads/", json=create)
+                else:
+                    response = client.patch(
+                        url, content=payload, headers={**chunk_headers, "Upload-Offset": str(offset)}
+                    )
                 latencies.append((kind, time.perf_counter() - started))
                 if response.status_code >= 400:
-                    errors.append(f"{response.status_code} {response.text[:80]}")
+                    errors.append(f"{kind} {response.status_code} {response.text[:80]}")
+                elif kind == "chunk":
+                    offset += chunk_bytes
 
 
-def run_clients(base: str, token: str, clients: int, rounds: int) -> tuple[list[tuple[str, float]], list[str]]:
+def run_clients(
+    base: str, token: str, clients: int, rounds: int, chunk_bytes: int, tag: str
+) -> tuple[list[tuple[str, float]], list[str]]:
     latencies: list[tuple[str, float]] = []
     errors: list[str] = []
     threads = [
-        threading.Thread(target=agent_rounds, args=(base, token, rounds, f"node-{clients}-{i}", latencies, errors))
+        threading.Thread(
+            target=agent_rounds,
+            args=(base, token, rounds, f"node-{tag}-{clients}-{i}", chunk_bytes, latencies, errors),
+        )
         for i in range(clients)
     ]
     for t in threads:
@@ -121,18 +135,78 @@ def run_clients(base: str, token: str, clients: int, rounds: int) -> tuple[list[
     return latencies, errors
 
 
+def children_of(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def peak_rss_mib(pids: list[int]) -> float:
+    """Summed VmHWM (peak resident set) of ``pids``, MiB."""
+    total = 0
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                total += int(line.split()[1])
+    return total / 1024
+
+
+def measure(env: dict[str, str], args: argparse.Namespace, token: str, data: bytes, streaming: bool) -> dict:
+    """Start the site (streaming on or off), run the upload and the crowd against it, stop it."""
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            *("manage.py", "serve", "--no-migrate", "--listen", f"127.0.0.1:{port}"),
+            *("--workers", str(args.workers)),
+        ],
+        cwd=ROOT,
+        env={**env, "COMMINSIGHT_SERVER_STREAM_BODIES": "1" if streaming else "0"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}/api/v1/ingest/"
+        for _ in range(150):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        workers = children_of(server.pid) or [server.pid]
+        rss_idle = peak_rss_mib(workers)
+        with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=300) as client:
+            upload_s, finalize_s, chunk = upload(client, base, data, args.chunk_mib << 20)
+        rss_upload = peak_rss_mib(workers)
+        tag = "stream" if streaming else "buffer"
+        crowd, errors = run_clients(base, token, args.clients, args.rounds, args.crowd_chunk_kib << 10, tag)
+        return {
+            "mbps": len(data) / 1e6 / upload_s,
+            "finalize_s": finalize_s,
+            "chunk": chunk,
+            "rss_idle": rss_idle,
+            "rss_upload": rss_upload,
+            "crowd": crowd,
+            "errors": errors,
+        }
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=256)
     parser.add_argument("--chunk-mib", type=int, default=8, help="client chunk (the agent's default is 8 MiB)")
-    parser.add_argument("--workers", type=int, default=1, help="server processes (manage.py serve --workers)")
+    parser.add_argument("--workers", type=int, default=2, help="server processes (manage.py serve --workers)")
     parser.add_argument("--clients", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--crowd-chunk-kib", type=int, default=256, help="the crowd's PATCH chunk (<= 8192)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp) / "data"
-        port = free_port()
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
         env.update(
             COMMINSIGHT_SERVER_DATA_DIR=str(data_dir),
@@ -144,69 +218,44 @@ def main() -> None:
             env["DATABASE_URL"] = os.environ["BENCH_DATABASE_URL"]
         manage(env, "serve", "--prepare-only")
         manage(env, "shell", "-c", "from apps.accounts.models import User; User.objects.create(username='bench')")
-        token = manage(env, "agent_token", "create", "--owner", "bench", "--name", "bench").strip()
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                *("manage.py", "serve", "--no-migrate", "--listen", f"127.0.0.1:{port}"),
-                *("--workers", str(args.workers)),
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        token = manage(env, "agent_token", "create", "--owner", "bench", "--name", "bench").split()[-1]
+        results = {}
+        for streaming in (False, True):
+            data = os.urandom(args.size_mib << 20)  # new bytes: each run stores its own archive
+            results[streaming] = measure(env, args, token, data, streaming)
+        base, new = results[False], results[True]
+        print(
+            f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; serve --workers {args.workers}; "
+            f"{args.size_mib} MiB in {new['chunk'] >> 20} MiB chunks; {args.clients} agents x {args.rounds} rounds, "
+            f"crowd chunk {args.crowd_chunk_kib} KiB"
         )
-        try:
-            base = f"http://127.0.0.1:{port}/api/v1/ingest/"
-            for _ in range(100):
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.2)
-            source = Path(tmp) / "payload.bin"
-            with source.open("wb") as out:
-                for _ in range(args.size_mib):
-                    out.write(os.urandom(1 << 20))
-            sha = hashlib.sha256(source.read_bytes()).hexdigest()
-
-            started = time.perf_counter()
-            shutil.copyfile(source, Path(tmp) / "copy.bin")
-            copy_s = time.perf_counter() - started
-            (Path(tmp) / "copy.bin").unlink()
-            with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=300) as client:
-                upload_s, finalize_s, chunk = upload(client, base, source, sha, args.chunk_mib << 20)
-            mb = args.size_mib * (1 << 20) / 1e6
-            print(
-                f"upload   {mb / upload_s:8.1f} MB/s   baseline file copy {mb / copy_s:8.1f} MB/s   "
-                f"ratio {copy_s / upload_s:.3f} of copy   (target >= 200 MB/s)   "
-                f"{chunk >> 20} MiB chunks; finalize (sha256 + fsync of {args.size_mib} MiB) {finalize_s:.2f} s"
-            )
-
-            alone_by_kind, alone_errors = run_clients(base, token, 1, args.rounds)
-            crowd_by_kind, crowd_errors = run_clients(base, token, args.clients, args.rounds)
-            alone = [t for _, t in alone_by_kind]
-            crowd = [t for _, t in crowd_by_kind]
-            p99_alone, p99_crowd = percentile(alone, 0.99), percentile(crowd, 0.99)
-            crowd_p50 = statistics.median(crowd) * 1e3
-            print(
-                f"latency  {args.clients} agents: p50 {crowd_p50:7.1f} ms  p99 {p99_crowd * 1e3:7.1f} ms"
-                f"   baseline 1 agent: p50 {statistics.median(alone) * 1e3:6.1f} ms  p99 {p99_alone * 1e3:6.1f} ms"
-                f"   ratio p99 {p99_crowd / p99_alone:.1f}x   (target p99 < 100 ms)   "
-                f"{args.workers} server worker(s)   "
-                f"errors {len(alone_errors) + len(crowd_errors)} of {len(alone) + len(crowd)}"
-            )
-            for kind in ("heartbeat", "head", "create"):
-                times = [t for k, t in crowd_by_kind if k == kind]
-                print(
-                    f"  {kind:9s} {args.clients} agents: p50 {statistics.median(times) * 1e3:7.1f} ms  "
-                    f"p99 {percentile(times, 0.99) * 1e3:7.1f} ms"
-                )
-            for error in sorted(set(alone_errors + crowd_errors))[:5]:
-                print(f"  error: {error}")
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+        print(
+            f"upload   buffered {base['mbps']:7.1f} MB/s   streamed {new['mbps']:7.1f} MB/s   "
+            f"ratio {new['mbps'] / base['mbps']:.2f}x   (target >= 200 MB/s)"
+        )
+        print(
+            f"memory   server peak RSS during the upload, all workers: buffered {base['rss_upload']:6.1f} MiB "
+            f"(idle {base['rss_idle']:.1f})   streamed {new['rss_upload']:6.1f} MiB (idle {new['rss_idle']:.1f})"
+        )
+        p99 = {k: percentile([t for _, t in r["crowd"]], 0.99) for k, r in results.items()}
+        p50 = {k: statistics.median([t for _, t in r["crowd"]]) for k, r in results.items()}
+        print(
+            f"latency  {args.clients} agents, all requests: buffered p50 {p50[False] * 1e3:6.1f} ms p99 "
+            f"{p99[False] * 1e3:7.1f} ms   streamed p50 {p50[True] * 1e3:6.1f} ms p99 {p99[True] * 1e3:7.1f} ms   "
+            f"ratio p99 {p99[True] / p99[False]:.2f}x   (target p99 <= 100 ms)"
+        )
+        for kind in ("heartbeat", "head", "create", "chunk"):
+            row = []
+            for streaming in (False, True):
+                times = [t for k, t in results[streaming]["crowd"] if k == kind]
+                row.append(f"p50 {statistics.median(times) * 1e3:6.1f} ms p99 {percentile(times, 0.99) * 1e3:7.1f} ms")
+            print(f"  {kind:9s} buffered {row[0]}   streamed {row[1]}")
+        for streaming in (False, True):
+            errors = results[streaming]["errors"]
+            label = "streamed" if streaming else "buffered"
+            print(f"  errors {label}: {len(errors)} of {len(results[streaming]['crowd'])}")
+            for error in sorted(set(errors))[:3]:
+                print(f"    {error}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""ASGI entry point served by Daphne: HTTP through Django, WebSockets through Channels with session auth."""
+"""ASGI entry point served by Daphne: HTTP through Django (upload chunks streamed to disk ahead of it, see
+apps.workloads.api.stream), WebSockets through Channels with session auth."""
 
 import os
 
@@ -11,12 +12,14 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 
+from apps.workloads.api.stream import UploadChunkApp  # noqa: E402
 from comminsight_site.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": UploadChunkApp(django_asgi_app) if settings.SERVER_STREAM_BODIES else django_asgi_app,
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -91,8 +91,12 @@ class ObjectStore:
                 except OSError:
                     pass  # another filesystem: copy below
             tmp = target.with_name(f".{target.name}.tmp")
-            shutil.copyfile(source, tmp)
-            tmp.replace(target)
+            try:
+                shutil.copyfile(source, tmp)
+                tmp.replace(target)
+            except BaseException:
+                tmp.unlink(missing_ok=True)  # a full disk must not keep a half copy
+                raise
             if move:
                 Path(source).unlink(missing_ok=True)
             return str(target)

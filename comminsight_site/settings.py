@@ -42,6 +42,11 @@ SERVER_LISTEN = env.str("COMMINSIGHT_SERVER_LISTEN", default="127.0.0.1:8000")
 # When set, the machine API (/api/v1/ingest/) is served only on this second listener (see docs/operators.md).
 SERVER_AGENT_LISTEN = env.str("COMMINSIGHT_SERVER_AGENT_LISTEN", default="")
 PUBLIC_URL = env.str("COMMINSIGHT_SERVER_PUBLIC_URL", default="").rstrip("/")
+# Request bodies streamed to the application as they arrive, upload chunks written to disk ahead of Django
+# (comminsight_site.daphne_streaming, apps.workloads.api.stream); off = stock Daphne, which buffers each body.
+SERVER_STREAM_BODIES = env.bool("COMMINSIGHT_SERVER_STREAM_BODIES", default=True)
+# With streaming: a request whose body stops arriving for this long answers 408 and its connection is closed.
+SERVER_BODY_TIMEOUT_S = env.float("COMMINSIGHT_SERVER_BODY_TIMEOUT_S", default=30.0)
 
 if PRODUCTION:
     # A missing production secret must fail at start, loudly (environ raises ImproperlyConfigured).

@@ -40,6 +40,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
@@ -225,6 +226,7 @@ def _stage_members(archive: Archive, staging: Path, manifest: dict[str, Any], me
     facts = manifest_facts(manifest)
     staged = StagedArchive(facts=facts, staging=staging)
     writers: dict[int, pq.ParquetWriter] = {}
+    sinks: dict[int, pa.NativeFile] = {}
     segment_members: dict[str, set[int]] = {}  # communicator -> global ranks whose segments hold its records
     segment_ranks: set[int] = set()  # global ranks named by a segment header
     try:
@@ -271,12 +273,15 @@ def _stage_members(archive: Archive, staging: Path, manifest: dict[str, Any], me
                     segment_members.setdefault(f"0x{int(comm):016x}", set()).add(rank)
             if rank not in writers:
                 staged.files[rank] = staging / f"rank-{rank}.parquet"
-                writers[rank] = pq.ParquetWriter(staged.files[rank], table.schema, compression="zstd")
+                # The writer gets a file we own: its close() can fail (a full disk) before closing its file.
+                sinks[rank] = pa.OSFile(str(staged.files[rank]), "wb")
+                writers[rank] = pq.ParquetWriter(sinks[rank], table.schema, compression="zstd")
             writers[rank].write_table(table)
             staged.rows += table.num_rows
-    finally:
-        for writer in writers.values():
-            writer.close()
+    except BaseException:
+        _close_writers(writers, sinks, quiet=True)
+        raise
+    _close_writers(writers, sinks, quiet=False)
     staged.facts = _with_segment_ranks(facts, segment_ranks, segment_members)
     return staged
 
@@ -294,6 +299,21 @@ def _stage_samples(archive: Archive, staged: StagedArchive, name: str, data: byt
         target.parent.mkdir(exist_ok=True)
         pq.write_table(samples, target, compression="zstd")
         staged.samples_files.append(target)
+
+
+def _close_writers(writers: dict[int, pq.ParquetWriter], sinks: dict[int, pa.NativeFile], *, quiet: bool) -> None:
+    """Close every Parquet writer and its file, whatever fails; unless ``quiet``, raise the first failure."""
+    first: BaseException | None = None
+    for rank, sink in sinks.items():  # a writer may be missing: its constructor failed after the file opened
+        try:
+            if rank in writers:
+                writers[rank].close()
+        except Exception as exc:  # kept, raised below once every file is closed
+            first = first or exc
+        finally:
+            sink.close()
+    if first is not None and not quiet:
+        raise first
 
 
 def _with_segment_ranks(

@@ -13,12 +13,15 @@ the sha256), and every owner who uploaded them gets an archive of their own, ing
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import logging
 import os
 import re
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -65,6 +68,29 @@ class UploadTooLarge(UploadError):
 
 class UploadChecksumMismatch(UploadError):
     status = 422
+
+
+class UploadStorageFull(UploadError):
+    """The server's disk (or quota on it) is full: nothing was kept, the client retries later."""
+
+    status = 507
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+@contextmanager
+def disk_full_as_507() -> Iterator[None]:
+    """Turn "no space left" (and a file size limit) into ``UploadStorageFull``; other OS errors pass."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in DISK_FULL_ERRNOS:
+            raise UploadStorageFull(
+                "the server has no space left to store this upload; nothing was kept, retry later",
+                reason="disk full",
+            ) from exc
+        raise
 
 
 def uploads_dir() -> Path:
@@ -155,7 +181,12 @@ def upload_create(
     except IntegrityError:
         # The same agent raced itself: continue the upload that won.
         return UploadOutcome(upload=Upload.objects.get(token=token, sha256=sha256, state=UploadState.OPEN))
-    part_path(upload).touch()
+    try:
+        with disk_full_as_507():
+            part_path(upload).touch()
+    except UploadStorageFull:
+        upload.delete()  # no part file, no upload: the agent asks again later
+        raise
     return UploadOutcome(upload=upload, created=True)
 
 
@@ -166,22 +197,79 @@ def _parse_checksum(header: str | None) -> str:
     return value.strip().lower()
 
 
-def upload_append(
-    *, owner: User, upload_id: uuid.UUID, offset: int, checksum: str | None, length: int, body: IO[bytes]
-) -> Upload:
-    """Append one chunk of ``length`` bytes read from ``body`` at ``offset``. All or nothing.
+class ChunkWriter:
+    """One chunk being appended: the part file opened and locked, its checks passed, bytes hashed as written.
+
+    Made by ``chunk_begin``; the caller feeds the body with ``write`` (any block size, nothing buffered
+    here), then calls ``commit`` (checksum, length, one conditional UPDATE) or ``abort``. Both release the
+    lock and close the file; after either, the part file holds exactly the bytes acknowledged so far.
+    The Django view and the streaming ASGI path (``comminsight_site.ingest_stream``) share it, so the
+    same checks run, in the same order, before a byte is written.
+    """
+
+    def __init__(self, part: IO[bytes], upload: Upload, offset: int, length: int, expected: str) -> None:
+        self.part, self.upload, self.offset, self.length, self.expected = part, upload, offset, length, expected
+        self.digest = hashlib.sha256()
+        self.written = 0
+        self.fd = part.fileno()
+
+    def write(self, block: bytes | memoryview) -> None:
+        """Hash and write ``block`` at the current position; raises once the chunk would exceed its length."""
+        if self.written + len(block) > self.length:
+            raise UploadError(f"body is longer than its Content-Length {self.length}; nothing was appended")
+        self.digest.update(block)
+        with disk_full_as_507():
+            view = memoryview(block)
+            while view:
+                count = os.pwrite(self.fd, view, self.offset + self.written)
+                self.written += count
+                view = view[count:]
+
+    def commit(self) -> Upload:
+        """Move the upload's offset past this chunk; on any refusal the chunk is taken back (abort)."""
+        try:
+            if self.written != self.length:
+                raise UploadError(f"body ended after {self.written} of {self.length} bytes; nothing was appended")
+            if self.digest.hexdigest() != self.expected:
+                raise UploadChecksumMismatch("chunk checksum mismatch")
+            moved = Upload.objects.filter(pk=self.upload.pk, offset=self.offset, state=UploadState.OPEN).update(
+                offset=self.offset + self.written, updated_at=timezone.now()
+            )
+            if moved != 1:  # the upload was expired or deleted meanwhile
+                raise UploadNotFound("no such upload")
+        except BaseException:
+            self.abort()
+            raise
+        self.part.close()  # closing releases the flock
+        self.upload.offset = self.offset + self.written
+        return self.upload
+
+    def abort(self) -> None:
+        """Take back whatever this chunk wrote and release the file. Safe to call twice."""
+        if self.part.closed:
+            return
+        try:
+            os.ftruncate(self.fd, self.offset)
+        except OSError:
+            logger.exception("could not truncate upload %s back to %d", self.upload.pk, self.offset)
+        finally:
+            self.part.close()
+
+
+def chunk_begin(*, owner: User, upload_id: uuid.UUID, offset: int, checksum: str | None, length: int) -> ChunkWriter:
+    """Open, lock and check an upload for one chunk of ``length`` bytes at ``offset``; raises UploadError.
 
     Appenders of one upload take turns on an exclusive ``flock`` of its part file (across threads and
-    server processes), so the database sees two statements per chunk: the owner/offset check and one
-    ``UPDATE … WHERE offset = <old>`` in autocommit. Bytes are not fsync'ed here; ``upload_finalize``
-    makes the verified file durable (see docs/formats/upload.md, "Durability").
+    server processes), so the database sees two statements per chunk: this owner/offset check and one
+    ``UPDATE … WHERE offset = <old>`` in autocommit at ``commit``. Bytes are not fsync'ed here;
+    ``upload_finalize`` makes the verified file durable (see docs/formats/upload.md, "Durability").
     """
     expected = _parse_checksum(checksum)
     try:
-        part = open(uploads_dir() / f"{upload_id}.part", "r+b")  # noqa: SIM115 (closed below)
+        part = open(uploads_dir() / f"{upload_id}.part", "r+b")  # noqa: SIM115 (closed by commit/abort)
     except FileNotFoundError:
         raise UploadNotFound("no such upload") from None
-    with part:
+    try:
         fcntl.flock(part.fileno(), fcntl.LOCK_EX)
         upload = Upload.objects.filter(pk=upload_id, owner=owner).first()
         if upload is None:
@@ -201,34 +289,31 @@ def upload_append(
             raise UploadTooLarge(f"chunk of {length} bytes is over the {settings.INGEST_MAX_CHUNK_BYTES}-byte limit")
         if offset + length > upload.size:
             raise UploadTooLarge(f"chunk ends at {offset + length}, past the declared size {upload.size}")
-        digest = hashlib.sha256()
-        written = 0
-        part.truncate(offset)  # a crashed earlier attempt may have left bytes past the offset
-        part.seek(offset)
-        try:
-            # One pass: each block is hashed and written as it is read; nothing larger than a block is held.
-            while written < length:
-                block = body.read(min(BLOCK, length - written))
-                if not block:
-                    break
-                digest.update(block)
-                part.write(block)
-                written += len(block)
-            if written != length:
-                raise UploadError(f"body ended after {written} of {length} bytes; nothing was appended")
-            if digest.hexdigest() != expected:
-                raise UploadChecksumMismatch("chunk checksum mismatch")
-            part.flush()
-            moved = Upload.objects.filter(pk=upload.pk, offset=offset, state=UploadState.OPEN).update(
-                offset=offset + written, updated_at=timezone.now()
-            )
-            if moved != 1:  # the upload was expired or deleted meanwhile
-                raise UploadNotFound("no such upload")
-        except BaseException:
-            part.truncate(offset)
-            raise
-    upload.offset = offset + written
-    return upload
+        os.ftruncate(part.fileno(), offset)  # a crashed earlier attempt may have left bytes past the offset
+    except BaseException:
+        part.close()
+        raise
+    return ChunkWriter(part, upload, offset, length, expected)
+
+
+def upload_append(
+    *, owner: User, upload_id: uuid.UUID, offset: int, checksum: str | None, length: int, body: IO[bytes]
+) -> Upload:
+    """Append one chunk of ``length`` bytes read from ``body`` at ``offset``. All or nothing.
+
+    One pass: each block is hashed and written as it is read; nothing larger than a block is held.
+    """
+    writer = chunk_begin(owner=owner, upload_id=upload_id, offset=offset, checksum=checksum, length=length)
+    try:
+        while writer.written < length:
+            block = body.read(min(BLOCK, length - writer.written))
+            if not block:
+                break
+            writer.write(block)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.commit()
 
 
 def upload_get(*, owner: User, upload_id: uuid.UUID) -> Upload | None:
@@ -267,7 +352,8 @@ def upload_finalize(*, owner: User, upload_id: uuid.UUID) -> tuple[Archive, bool
             mismatch = False
         else:
             # Appends do not fsync; the one durable point of an upload is here, before the archive is registered.
-            mismatch = file_sha256(path, sync=True) != upload.sha256
+            with disk_full_as_507():
+                mismatch = file_sha256(path, sync=True) != upload.sha256
         if mismatch:
             # The bytes are not what was announced: discard (committed below), the client starts over.
             path.unlink(missing_ok=True)
@@ -278,14 +364,15 @@ def upload_finalize(*, owner: User, upload_id: uuid.UUID) -> tuple[Archive, bool
         upload = Upload.objects.select_for_update().get(pk=upload_id)
         if upload.state == UploadState.COMPLETE:  # a concurrent finalize of this upload got here first
             return Archive.objects.get(owner=upload.owner, sha256=upload.sha256), False
-        archive, created = archive_register(
-            source_path=path,
-            sha256=upload.sha256,
-            size=upload.size,
-            owner=upload.owner,
-            filename=upload.filename,
-            source=ArchiveSource.UPLOAD,
-        )
+        with disk_full_as_507():  # the upload stays open: finalize again once there is space
+            archive, created = archive_register(
+                source_path=path,
+                sha256=upload.sha256,
+                size=upload.size,
+                owner=upload.owner,
+                filename=upload.filename,
+                source=ArchiveSource.UPLOAD,
+            )
         upload.state = UploadState.COMPLETE
         upload.save(update_fields=["state", "updated_at"])
         if created:
@@ -311,7 +398,7 @@ def upload_oneshot(
     digest = hashlib.sha256()
     size = 0
     try:
-        with open(tmp, "wb") as out:
+        with disk_full_as_507(), open(tmp, "wb") as out:
             for block in iter(lambda: body.read(BLOCK), b""):
                 size += len(block)
                 if size > settings.INGEST_MAX_ONESHOT_BYTES:
@@ -322,7 +409,7 @@ def upload_oneshot(
             os.fsync(out.fileno())
         if digest.hexdigest() != sha256:
             raise UploadChecksumMismatch("sha256 mismatch")
-        with transaction.atomic():
+        with disk_full_as_507(), transaction.atomic():
             archive, created = archive_register(
                 source_path=tmp, sha256=sha256, size=size, owner=token.owner, filename=filename
             )

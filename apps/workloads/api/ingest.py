@@ -35,6 +35,9 @@ UploadOpen = inline_serializer(
     },
 )
 Problem = inline_serializer("IngestProblem", {"detail": serializers.CharField()})
+StorageFull = inline_serializer(
+    "IngestStorageFull", {"detail": serializers.CharField(), "reason": serializers.CharField()}
+)
 
 
 class UploadCreateSerializer(serializers.Serializer):
@@ -121,6 +124,7 @@ class UploadCreateView(IngestView):
             201: UploadOpen,
             200: OpenApiResponse(description="resume (UploadOpen) or already stored (ArchiveDone)"),
             413: Problem,
+            507: StorageFull,
         },
         summary="Start (or resume) a resumable archive upload",
     )
@@ -172,7 +176,7 @@ class UploadDetailView(IngestView):
                 "Upload-Checksum", str, OpenApiParameter.HEADER, required=True, description="sha256 <hex>"
             ),
         ],
-        responses={204: None, 409: Problem, 413: Problem, 422: Problem},
+        responses={204: None, 408: Problem, 409: Problem, 413: Problem, 422: Problem, 507: StorageFull},
         summary="Append one chunk at the given offset",
     )
     def patch(self, request: Request, upload_id: uuid.UUID) -> Response:
@@ -205,7 +209,7 @@ class _Empty:
 class UploadFinalizeView(IngestView):
     @extend_schema(
         request=None,
-        responses={201: ArchiveDone, 200: ArchiveDone, 409: Problem, 422: Problem},
+        responses={201: ArchiveDone, 200: ArchiveDone, 409: Problem, 422: Problem, 507: StorageFull},
         summary="Verify the whole sha256 and store the archive (ingest is queued)",
     )
     def post(self, request: Request, upload_id: uuid.UUID) -> Response:
@@ -221,7 +225,7 @@ class OneShotUploadView(IngestView):
 
     @extend_schema(
         request={"multipart/form-data": OneShotSerializer},
-        responses={201: ArchiveDone, 200: ArchiveDone, 413: Problem, 422: Problem},
+        responses={201: ArchiveDone, 200: ArchiveDone, 408: Problem, 413: Problem, 422: Problem, 507: StorageFull},
         summary="Upload a small archive in one multipart request",
     )
     def post(self, request: Request) -> Response:
@@ -231,8 +235,12 @@ class OneShotUploadView(IngestView):
                 {"detail": f"one-shot uploads are limited to {settings.INGEST_MAX_ONESHOT_BYTES} bytes"},
                 status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
             )
-        body = OneShotSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        try:
+            with uploads.disk_full_as_507():  # the multipart parser spools the file to disk
+                body = OneShotSerializer(data=request.data)
+                body.is_valid(raise_exception=True)
+        except uploads.UploadError as exc:
+            return _problem(exc)
         upload = body.validated_data["file"]
         try:
             archive, created = uploads.upload_oneshot(

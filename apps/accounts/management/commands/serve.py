@@ -136,14 +136,19 @@ def run_daphne(endpoints: list[str]) -> None:
     import daphne.server
     from daphne.cli import CommandLineInterface
 
+    from comminsight_site import daphne_streaming
+
     daphne.server.serverFromString = _server_from_string  # type: ignore[assignment]
+    server_class = daphne.server.Server
+    if settings.SERVER_STREAM_BODIES:
+        server_class = daphne_streaming.install(settings.SERVER_BODY_TIMEOUT_S)
 
     argv = [arg for endpoint in endpoints for arg in ("-e", endpoint)]
     application = settings.ASGI_APPLICATION.rpartition(".")
     cli = CommandLineInterface()
-    # Daphne hands a request body to the application in request_buffer_size pieces (8 KiB by default, not a
-    # command-line option): an 8 MiB upload chunk became 1024 queue messages on the one event loop.
-    cli.server_class = functools.partial(cli.server_class, request_buffer_size=REQUEST_BUFFER_BYTES)
+    # Bodies stream to the application as they arrive (comminsight_site.daphne_streaming); request_buffer_size
+    # is then only used for a chunked body, which Daphne still buffers whole (and for every body, streaming off).
+    cli.server_class = functools.partial(server_class, request_buffer_size=REQUEST_BUFFER_BYTES)
     cli.run([*argv, f"{application[0]}:{application[2]}"])
 
 

@@ -1,0 +1,178 @@
+"""The upload chunk route (``PATCH /api/v1/ingest/uploads/<id>/``) as an ASGI application ahead of Django.
+
+Under Django a chunk is copied whole into Django's request body before the view reads it. Here the body
+messages the server delivers (``comminsight_site.daphne_streaming``: as they arrive, with backpressure)
+are hashed and written to the upload's part file one by one, so a request holds one message at a time.
+
+The checks are the API view's, in the same order and with the same answers, all before a byte is
+written: allowed host, agent listener, agent token (401), ingest scope (403), rate (429), then
+``uploads.chunk_begin`` (offset, checksum header, chunk and size caps, the part file's lock). The
+writing and committing are ``uploads.ChunkWriter``'s, shared with the view. Every other request goes
+to Django unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+from django.http.request import split_domain_port, validate_host
+from rest_framework import exceptions
+from rest_framework.throttling import ScopedRateThrottle
+
+from apps.accounts.middleware import INGEST_PREFIX, _port
+from apps.accounts.models import AgentTokenScope
+from apps.accounts.services import agent_token_authenticate
+from apps.workloads import uploads
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+CHUNK_ROUTE = re.compile(
+    "^" + re.escape(INGEST_PREFIX) + r"uploads/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})/$"
+)
+
+
+class Refused(Exception):
+    """An answer given before any byte is written."""
+
+    def __init__(self, status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None, **extra: Any):
+        super().__init__(detail)
+        self.status, self.body, self.headers = status, {"detail": detail, **extra}, headers or []
+
+
+def _in_pool(function: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """Run ``function`` in the thread pool (not Django's one request thread), with its database
+    connection handled as Django does around a request."""
+
+    def run(*args: Any) -> Any:
+        close_old_connections()
+        try:
+            return function(*args)
+        finally:
+            close_old_connections()
+
+    return sync_to_async(run, thread_sensitive=False)
+
+
+class UploadChunkApp:
+    """ASGI: streams upload chunks to disk; passes every other request to ``app`` (Django)."""
+
+    def __init__(self, app: Any, run_sync: Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]] = _in_pool):
+        self.app = app
+        self.run_sync = run_sync
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match = CHUNK_ROUTE.match(scope.get("path", "")) if scope["type"] == "http" else None
+        if match is None or scope["method"] != "PATCH" or not self._on_agent_listener(scope):
+            await self.app(scope, receive, send)
+            return
+        await self.append(scope, receive, send, uuid.UUID(match.group(1)))
+
+    @staticmethod
+    def _on_agent_listener(scope: Scope) -> bool:
+        """With a separate agent listener, only requests on its port are ours (Django answers the rest 404)."""
+        if not settings.SERVER_AGENT_LISTEN:
+            return True
+        server = scope.get("server") or (None, None)
+        return str(server[1]) == _port(settings.SERVER_AGENT_LISTEN)
+
+    async def append(self, scope: Scope, receive: Receive, send: Send, upload_id: uuid.UUID) -> None:
+        headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+        try:
+            writer = await self.run_sync(_chunk_begin)(headers, upload_id)
+        except Refused as refused:
+            await _respond(send, refused.status, refused.body, refused.headers)
+            return
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    writer.abort()  # the client went away (or its body timed out): nothing appended
+                    return
+                body = message.get("body", b"")
+                if body:
+                    writer.write(body)
+                if not message.get("more_body", False):
+                    break
+            upload = await self.run_sync(writer.commit)()
+        except uploads.UploadError as exc:
+            writer.abort()
+            await _respond(send, exc.status, {"detail": exc.detail, **exc.extra})
+            return
+        except BaseException:
+            writer.abort()
+            raise
+        await _respond(send, 204, None, [(b"upload-offset", str(upload.offset).encode())])
+
+
+def _chunk_begin(headers: dict[str, str], upload_id: uuid.UUID) -> uploads.ChunkWriter:
+    """Authenticate, check scope and rate, then open the chunk; raises Refused."""
+    domain, _ = split_domain_port(headers.get("host", ""))
+    allowed = settings.ALLOWED_HOSTS or ([".localhost", "127.0.0.1", "[::1]"] if settings.DEBUG else [])
+    if not domain or not validate_host(domain, allowed):
+        raise Refused(400, "Bad Request: the Host header is not allowed")
+    token = _authenticate(headers.get("authorization", ""))
+    if token.scope != AgentTokenScope.INGEST:
+        raise Refused(403, str(exceptions.PermissionDenied.default_detail))
+    throttle = ScopedRateThrottle()
+    view = SimpleNamespace(throttle_scope="ingest")
+    if not throttle.allow_request(SimpleNamespace(user=token.owner, META={}), view):
+        wait = throttle.wait()
+        retry = [(b"retry-after", str(int(wait)).encode())] if wait is not None else []
+        raise Refused(429, str(exceptions.Throttled(wait).detail), retry)
+    try:
+        offset = int(headers.get("upload-offset", ""))
+    except ValueError:
+        raise Refused(400, "Upload-Offset header must be an integer") from None
+    try:
+        length = int(headers.get("content-length") or 0)
+    except ValueError:
+        raise Refused(400, "bad Content-Length") from None
+    if length < 0:
+        raise Refused(400, "bad Content-Length")
+    try:
+        return uploads.chunk_begin(
+            owner=token.owner,
+            upload_id=upload_id,
+            offset=offset,
+            checksum=headers.get("upload-checksum"),
+            length=length,
+        )
+    except uploads.UploadError as exc:
+        raise Refused(exc.status, exc.detail, **exc.extra) from None
+
+
+def _authenticate(authorization: str) -> Any:
+    """The agent token presented, as ``AgentTokenAuthentication`` decides it; raises Refused (401)."""
+    challenge = [(b"www-authenticate", b'Bearer realm="comminsight-ingest"')]
+    parts = authorization.encode("latin-1").split()
+    if not parts or parts[0].lower() != b"bearer":
+        raise Refused(401, str(exceptions.NotAuthenticated.default_detail), challenge)
+    if len(parts) != 2:
+        raise Refused(401, "Authorization header must be 'Bearer <agent token>'.", challenge)
+    try:
+        presented = parts[1].decode("ascii")
+    except UnicodeDecodeError:
+        raise Refused(401, "Agent token must be ASCII.", challenge) from None
+    token = agent_token_authenticate(presented)
+    if token is None:
+        raise Refused(401, "Unknown or revoked agent token.", challenge)
+    return token
+
+
+async def _respond(send: Send, status: int, body: dict[str, Any] | None, headers: list | None = None) -> None:
+    payload = b"" if body is None else json.dumps(body).encode()
+    response_headers = [(b"cache-control", b"no-store"), *(headers or [])]
+    if body is not None:
+        response_headers += [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": response_headers})
+    await send({"type": "http.response.body", "body": payload})
