@@ -59,6 +59,7 @@ from .bulk import communicators_merge, ranks_upsert
 from .live import publish_workload_changed
 from .models import Archive, ArchiveSource, ArchiveState, Node, Workload
 from .names import communicator_names_apply, stage_process_group_table
+from .uploads import DISK_FULL_ERRNOS
 
 logger = logging.getLogger(__name__)
 
@@ -483,10 +484,15 @@ def _attempt_failed(claim: _Claim, exc: BaseException) -> str:
         archive = _held(claim)
         if archive is None:
             return Archive.objects.filter(pk=claim.archive.pk).values_list("state", flat=True).first() or "missing"
-        if archive.attempts >= settings.INGEST_MAX_ATTEMPTS:
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            # Nothing is wrong with the archive: a full disk must not use up its attempts (it would be
+            # quarantined while the operator frees space); it is retried like any other failed attempt.
+            archive.attempts -= 1
+            archive.save(update_fields=["attempts"])
+        elif archive.attempts >= settings.INGEST_MAX_ATTEMPTS:
             _quarantine(archive, f"ingest gave up after {archive.attempts} attempts; the last: {reason}")
             return ArchiveState.QUARANTINED
-        delay = min(settings.INGEST_RETRY_DELAY_S * 2 ** (archive.attempts - 1), 3600)
+        delay = min(settings.INGEST_RETRY_DELAY_S * 2 ** max(archive.attempts - 1, 0), 3600)
         archive.reason = reason
         archive.lease_owner, archive.lease_until = "", timezone.now() + timedelta(seconds=delay)
         archive.save(update_fields=["reason", "lease_owner", "lease_until"])

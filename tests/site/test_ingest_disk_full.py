@@ -127,6 +127,7 @@ def test_an_ingest_that_runs_out_of_space_leaves_no_staging_and_succeeds_once_sp
     assert raised.value.errno == errno.ENOSPC
     archive.refresh_from_db()
     assert archive.state == ArchiveState.STORED  # kept for the task's retry, not quarantined
+    assert archive.attempts == 0  # a full disk does not use up the archive's attempts
     assert list((ingest.store_dir() / ".staging").glob("*")) == []
     assert open_files_under(small_disk) == []
     filler.unlink()
