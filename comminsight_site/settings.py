@@ -320,6 +320,12 @@ INGEST_RETRY_DELAY_S = env.float("COMMINSIGHT_INGEST_RETRY_DELAY_S", default=30.
 INGEST_LEASE_S = env.float("COMMINSIGHT_INGEST_LEASE_S", default=45.0)
 INGEST_LIVE_MAX_BYTES = env.int("COMMINSIGHT_INGEST_LIVE_MAX_BYTES", default=1024 * 1024)
 DISCOVERY_INTERVAL_S = env.float("COMMINSIGHT_DISCOVERY_INTERVAL_S", default=30.0)
+# Where discovery looks while System Settings names no archive path: the agent's default mount (its home,
+# /opt/comminsight, or $COMMINSIGHT_HOME), so an agent and the site on one machine meet on defaults in
+# <path>/comminsight/02_archives with no configuration.
+DEFAULT_ARCHIVE_PATH = env.str(
+    "COMMINSIGHT_SERVER_ARCHIVE_PATH", default=env.str("COMMINSIGHT_HOME", default="/opt/comminsight")
+)
 WORKLOAD_LOST_AFTER_S = env.int("COMMINSIGHT_WORKLOAD_LOST_AFTER_S", default=300)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 # Every JSON input (API bodies, archive members) is parsed with these limits (comminsight.formats.boundedjson).

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from django.conf import settings
 from django.db.models import Q
 
 from apps.accounts.models import Role, User
@@ -27,8 +28,10 @@ MAX_FILES_PER_SCAN = 10_000
 
 
 def discovery_root(settings_row: SystemSettings | None = None) -> Path | None:
+    """``<archive path>/comminsight/02_archives``: System Settings' path, else the site's default (the agent's)."""
     row = settings_row or SystemSettings.load()
-    return Path(row.archive_path) / ARCHIVE_SUBDIR if row.archive_path else None
+    path = row.archive_path or settings.DEFAULT_ARCHIVE_PATH
+    return Path(path) / ARCHIVE_SUBDIR if path else None
 
 
 def discovery_owner(settings_row: SystemSettings) -> User | None:

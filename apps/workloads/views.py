@@ -221,7 +221,8 @@ class SystemSettingsForm(forms.ModelForm):
         help_texts = {
             "max_running_analyses": "Shared by every Celery worker on every host; more wait in the queue. 0: no limit.",
             "archive_path": "The shared mount agents write to; the site scans <path>/comminsight/02_archives "
-            "every 30 s. Changing it moves or deletes nothing.",
+            "every 30 s. Changing it moves or deletes nothing. Empty: the site's default "
+            "(COMMINSIGHT_SERVER_ARCHIVE_PATH), where agents on their defaults write on this machine.",
             "discovery_owner": "Empty: root.",
         }
 

@@ -102,6 +102,26 @@ def test_archive_root_follows_the_common_mount_path(tmp_path: Path) -> None:
     assert config.archive_root == Path("/mnt/shared/comminsight/02_archives")
 
 
+def test_without_a_mount_path_archives_go_under_the_home_in_the_shared_layout(tmp_path: Path) -> None:
+    config = load_config(env={}, home=tmp_path)
+    assert config.archive_root == tmp_path / "comminsight" / "02_archives"
+
+
+def test_the_seeds_3fs_provider_name_means_the_shared_filesystem(tmp_path: Path) -> None:
+    config = load_config(env={"COMMINSIGHT_COMMON_ARCHIVE_TYPE": "3fs,site"}, home=tmp_path)
+    assert config.effective_providers == ("filesystem", "site")
+    assert config.warnings == ()
+
+
+def test_a_server_url_without_a_token_is_reported_at_start(tmp_path: Path) -> None:
+    config = load_config(env={"COMMINSIGHT_AGENT_SERVER_URL": "http://site:8000"}, home=tmp_path)
+    assert any("COMMINSIGHT_AGENT_TOKEN is not" in warning for warning in config.warnings)
+    with_token = load_config(
+        env={"COMMINSIGHT_AGENT_SERVER_URL": "http://site:8000", "COMMINSIGHT_AGENT_TOKEN": "ci_x"}, home=tmp_path
+    )
+    assert with_token.warnings == ()
+
+
 def test_config_is_frozen(tmp_path: Path) -> None:
     config = load_config(env={}, home=tmp_path)
     with pytest.raises(AttributeError):

@@ -93,8 +93,15 @@ def test_archive_scan_with_a_path_scans_there_and_leaves_the_setting_alone(perso
     assert not Archive.objects.exists()
 
 
-def test_archive_scan_without_a_path_fails_saying_why(personas):
+def test_archive_scan_without_a_path_fails_saying_why(personas, settings):
+    settings.DEFAULT_ARCHIVE_PATH = ""
     with pytest.raises(CommandError, match="no archive path"):
+        run("archive_scan")
+
+
+def test_archive_scan_with_a_missing_default_directory_fails_naming_it(personas, settings, tmp_path):
+    settings.DEFAULT_ARCHIVE_PATH = str(tmp_path / "nothing-here")
+    with pytest.raises(CommandError, match="nothing-here/comminsight/02_archives is not a directory"):
         run("archive_scan")
 
 

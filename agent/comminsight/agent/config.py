@@ -130,8 +130,13 @@ def _threshold(text: str) -> float:
     return _positive_float(text)
 
 
+# The seed's name for the shared-filesystem provider (a 3FS mount is one such filesystem).
+PROVIDER_ALIASES = {"3fs": "filesystem"}
+
+
 def _providers(text: str) -> tuple[str, ...]:
     names = tuple(name.strip().lower() for name in text.split(",") if name.strip())
+    names = tuple(PROVIDER_ALIASES.get(name, name) for name in names)
     if not names or any(not re.fullmatch(r"[a-z0-9_.-]{1,64}", name) for name in names):
         raise ConfigError("must be 'auto' or a comma-separated list of provider names")
     return names
@@ -316,10 +321,9 @@ class AgentConfig:
 
     @property
     def archive_root(self) -> Path:
-        """Where the filesystem provider writes: <mount>/comminsight/02_archives, else <home>/archives."""
-        if self.archive_mount_path:
-            return Path(self.archive_mount_path) / "comminsight" / "02_archives"
-        return self.home / "archives"
+        """Where the filesystem provider writes: <mount>/comminsight/02_archives, the home standing in for an
+        unset mount — the site's discovery looks there by default (COMMINSIGHT_SERVER_ARCHIVE_PATH)."""
+        return Path(self.archive_mount_path or self.home) / "comminsight" / "02_archives"
 
     @property
     def listen_host(self) -> str:
@@ -444,6 +448,11 @@ def load_config(env: Mapping[str, str] | None = None, home: Path | str | None = 
     values["host"] = host
     values["node"] = node_ip or host
     sources["node"] = "env NODE_IP" if env.get("NODE_IP", "").strip() else "env HOST_IP" if node_ip else "host name"
+    if values.get("server_url") and not values.get("token"):
+        warnings.append(
+            "COMMINSIGHT_AGENT_SERVER_URL is set but COMMINSIGHT_AGENT_TOKEN is not: the site will refuse uploads"
+            " and live reports (401); create an agent token on the site's Agent tokens page"
+        )
     if values.get("mode") == "slave" and not values.get("master_url"):
         warnings.append("COMMINSIGHT_AGENT_MODE=slave without COMMINSIGHT_AGENT_MASTER_URL: running as master")
         values["mode"] = "master"
