@@ -143,3 +143,24 @@ def _tree_order(chain: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ordered.append(link)
         stack.extend(reversed(children.get(link["rank"], [])))
     return ordered
+
+
+def summary_sentence(verdict: str, roots: list[int], groups: list[dict], no_evidence: list[int], n_world: int) -> str:
+    """The report's one-sentence summary."""
+    if verdict == "no_hang":
+        return f"No hang: every operation entered by the {n_world} ranks in the evidence completed."
+    if verdict == "insufficient_evidence" and not no_evidence:
+        return "No operations or progress counters in the evidence, only group membership."
+    if verdict == "insufficient_evidence":
+        return f"No stuck operation seen, but {len(no_evidence)} member rank(s) left no evidence: " + ", ".join(
+            map(str, no_evidence[:16])
+        )
+    first = groups[0]
+    where = f"{first['group_desc'] or first['group_id']} {first['op']} seq {first['seq']}"
+    shape = shape_display(first.get("shape"))
+    if shape:
+        where += f" ({shape} {first.get('dtype') or ''})".rstrip()
+    if roots:
+        who = ", ".join(map(str, roots[:16]))
+        return f"Hang: progress stopped first at rank(s) {who}; first stuck group {where}."
+    return f"Hang: {len(groups)} stuck group(s), first {where}; no single rank stands out."
