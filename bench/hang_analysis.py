@@ -11,7 +11,9 @@ Each rank carries a window of W recent operations per communicator (completed, t
 flight), with timing, as this project's raw logs would. The baseline is the obvious Python: per
 communicator, per member, scan its rows for the highest entered and completed sequence, then
 find the lowest sequence not completed by all and who never entered it. Both run in this
-process on the same table; the ratio is baseline / comminsight.
+process on the same table; the ratio is baseline / comminsight in CPU seconds (every thread of this
+process), which a busy shared machine disturbs less than wall time. Peak memory is the growth of
+this process's resident memory during the analysis (the evidence table itself is not counted).
 
 Run: .venv/bin/python bench/hang_analysis.py [--window 16] [--repeat 3]
 """
@@ -19,6 +21,8 @@ Run: .venv/bin/python bench/hang_analysis.py [--window 16] [--repeat 3]
 from __future__ import annotations
 
 import argparse
+import os
+import threading
 import time
 from collections import defaultdict
 
@@ -108,13 +112,52 @@ def naive(table: pa.Table) -> tuple[list[int], list[tuple]]:
     return sorted(roots), stuck
 
 
+class _PeakRSS:
+    """Highest resident memory of this process while the block runs, above what it was at the start.
+
+    Sampled every millisecond from /proc (polars and Arrow allocate outside Python's tracemalloc).
+    """
+
+    def __enter__(self) -> _PeakRSS:
+        self.start = self.peak = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, _rss())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
+
+    @property
+    def grown(self) -> int:
+        return self.peak - self.start
+
+
+def _rss() -> int:
+    with open("/proc/self/statm", "rb") as statm:
+        return int(statm.read().split()[1]) * _PAGE
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
 def timed(fn, repeat: int):
-    best, result = float("inf"), None
+    """(best wall seconds, best CPU seconds of this process - every thread -, peak memory growth, result)."""
+    best_wall = best_cpu = float("inf")
+    peak, result = 0, None
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, result
+        with _PeakRSS() as rss:
+            t0, c0 = time.perf_counter(), time.process_time()
+            result = fn()
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        best_wall, best_cpu, peak = min(best_wall, wall), min(best_cpu, cpu), max(peak, rss.grown)
+    return best_wall, best_cpu, peak, result
 
 
 def main() -> None:
@@ -131,21 +174,38 @@ def main() -> None:
     table_out = Table(
         title=f"Hang analysis, {WORLD:,} ranks, window {args.window} ops/rank/comm (best of {args.repeat})"
     )
-    for column in ("evidence set", "rows", "comms", "comminsight s", "naive loop s", "speed-up", "answer"):
+    for column in (
+        "evidence set",
+        "rows",
+        "comms",
+        "comminsight wall s",
+        "CPU s",
+        "peak MiB",
+        "naive wall s",
+        "CPU s ",
+        "speed-up (CPU)",
+        "answer",
+    ):
         table_out.add_column(column, justify="right")
     for name, layers in sets.items():
         data = evidence(layers, args.window, hung)
         comms = pa.compute.count_distinct(data.column("comm_id")).as_py()
-        ours_s, report = timed(lambda data=data: analyze_hang(data), args.repeat)
-        naive_s, (naive_roots, _) = timed(lambda data=data: naive(data), 1)
+        # The first call's memory growth is the peak (allocators keep their pages for later calls);
+        # its time, with first-use costs (imports, polars' thread pool), is not counted.
+        _, _, ours_peak, _ = timed(lambda data=data: analyze_hang(data), 1)
+        ours_s, ours_cpu, _, report = timed(lambda data=data: analyze_hang(data), args.repeat)
+        naive_s, naive_cpu, _, (naive_roots, _) = timed(lambda data=data: naive(data), 1)
         ok = report["root_cause_ranks"] == [hung] and naive_roots == [hung]
         table_out.add_row(
             name,
             f"{data.num_rows:,}",
             f"{comms:,}",
             f"{ours_s:.3f}",
+            f"{ours_cpu:.3f}",
+            f"{ours_peak / 2**20:,.0f}",
             f"{naive_s:.3f}",
-            f"{naive_s / ours_s:.1f}x",
+            f"{naive_cpu:.3f}",
+            f"{naive_cpu / ours_cpu:.1f}x",
             "root cause found" if ok else f"WRONG {report['root_cause_ranks'][:4]}",
         )
     console.print(table_out)
