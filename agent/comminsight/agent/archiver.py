@@ -50,6 +50,14 @@ class SealStats:
     last_archive: str = ""
 
 
+def _known_times(values: np.ndarray, unknown: int | None = None) -> np.ndarray:
+    """The nanosecond times of ``values`` that can be times (0 < t < 2**63): filtered out, or set to ``unknown``."""
+    known = (values > 0) & (values <= np.uint64(np.iinfo(np.int64).max))
+    if unknown is None:
+        return values[known].astype(np.int64)
+    return np.where(known, values, np.uint64(unknown)).astype(np.int64)
+
+
 class Archiver:
     def __init__(
         self,
@@ -214,8 +222,9 @@ class Archiver:
             if hdr.global_rank >= 0:
                 ranks.add(hdr.global_rank)
             if len(records):
-                times = records["enqueue_start_ns"][records["enqueue_start_ns"] > 0]
-                ends = np.maximum(records["complete_ns"], records["enqueue_end_ns"])
+                # Times beyond int64 are not times (the decoder reads them as unknown): keep them out of the range.
+                times = _known_times(records["enqueue_start_ns"])
+                ends = np.maximum(_known_times(records["complete_ns"], 0), _known_times(records["enqueue_end_ns"], 0))
                 lo = int(times.min()) if len(times) else 0
                 hi = int(ends.max())
                 first_ns = lo if not first_ns or (lo and lo < first_ns) else first_ns
@@ -239,12 +248,12 @@ class Archiver:
                     )
                     if first != never:
                         c["first_ns"] = min(c["first_ns"] or first, first)
-                    if hdr.global_rank >= 0:
+                    if hdr.global_rank >= 0 and records["rank"][i] >= 0:
                         c["positions"][str(hdr.global_rank)] = int(records["rank"][i])
                     c["comm_name"] = c["comm_name"] or bytes(records["comm_name"][i]).split(b"\0")[0].decode(
                         "utf-8", "replace"
                     )
-                    c["nranks"] = max(c["nranks"], int(records["nranks"][i]))
+                    c["nranks"] = max(c["nranks"], int(records["nranks"][i]), 0)
                     if hdr.global_rank >= 0:
                         c["ranks"].add(hdr.global_rank)
         for path in self._hang_files():
@@ -270,8 +279,9 @@ class Archiver:
         members = table_members + members  # tables first: a reader wanting names stops before the segments
         members.extend(m for m in extra if MEMBER_NAME.match(m.name))
         now = time.time_ns()
-        first_ns = first_ns or now
-        last_ns = last_ns or now
+        # Records without an enqueue time (or without a completion) still give a range, never an inverted one.
+        first_ns = first_ns or last_ns or now
+        last_ns = max(last_ns or now, first_ns)
         name = archive_filename(self.identity["workload_id"], self.identity["node"], first_ns, last_ns)
         while (self.spool.dir / name).exists():
             last_ns += 1
