@@ -6,7 +6,10 @@ of a node's recording). Each partitioned analysis says which partitions it needs
 
 - **hang** — whole ranks: consecutive ranks of the store listing, up to ``ANALYSIS_PARTITION_ROWS``
   rows (Parquet footers) each; a map task keeps the tail of every communicator
-  (``comminsight.analysis.partitioned.hang_tail``).
+  (``comminsight.analysis.partitioned.hang_tail``). Its rows are finished by the record decoder
+  (``comminsight.formats.operations.finish``) with the communicator members of the whole store,
+  found once when the run is planned, so P2P peers on ranks of other partitions map as they do in
+  ``load_operations``.
 - **perf** — whole communicators (operations are matched across their members): communicators
   packed up to ``ANALYSIS_PARTITION_ROWS`` rows, counted by one streamed pass over the store's
   ``comm_id`` column; a map task reads its communicators' rows (a filtered scan) and returns
@@ -42,6 +45,7 @@ from django.utils import timezone
 from apps.workloads.ingest import workload_metadata_dir
 from apps.workloads.names import operations_named
 from comminsight.evidence.schema import SCHEMA
+from comminsight.formats.operations import PEER_IN_COMM, ROWS_SCHEMA, communicator_members, finish, resolve_peers
 from comminsight_site.objectstore import object_store
 
 from .models import AnalysisJob, AnalysisKind, JobState
@@ -131,6 +135,16 @@ def communicator_partitions(files: list[str], max_rows: int) -> list[Partition]:
     return partitions
 
 
+def store_communicator_members(files: list[str]) -> pa.Table:
+    """Which global rank holds each communicator rank, over the whole store (three columns, streamed)."""
+    columns = ["comm_id", "comm_rank", "rank"]
+    if not files:
+        return SCHEMA.empty_table().select(columns)
+    scanner = object_store().dataset(files, schema=SCHEMA).scanner(columns=columns, batch_size=1 << 20)
+    parts = [communicator_members(pa.Table.from_batches([batch])) for batch in scanner.to_batches()]
+    return communicator_members(pa.concat_tables(parts)) if parts else SCHEMA.empty_table().select(columns)
+
+
 def plan_partitions(kind: str, files: list[str]) -> list[Partition]:
     max_rows = settings.ANALYSIS_PARTITION_ROWS
     if not files:
@@ -150,6 +164,11 @@ def partitioned_start(job: AnalysisJob, files: list[str], fingerprint: str) -> i
     }
     store = object_store()
     store.delete_prefix(runs_prefix(job.pk))  # summaries of earlier attempts
+    if job.kind == AnalysisKind.HANG:
+        # A rank partition lacks the other ranks' rows that say who holds a P2P peer: one pass over the store.
+        members = pl.from_arrow(store_communicator_members(files))
+        assert isinstance(members, pl.DataFrame)
+        _write_frame(f"{_run_prefix(job.pk, job.attempts)}/members.parquet", members)
     store.write_bytes(f"{_run_prefix(job.pk, job.attempts)}/plan.json", json.dumps(plan).encode())
     AnalysisJob.objects.filter(pk=job.pk).update(partitions=len(partitions), partitions_done=0)
     job.partitions, job.partitions_done = len(partitions), 0
@@ -196,13 +215,15 @@ def partition_map(job_id: int, attempt: int, index: int) -> bool:
     files, comm_ids = [plan["files"][i] for i in spec["files"]], spec["comm_ids"]
     prefix = f"{_run_prefix(job_id, attempt)}/part-{index:06d}"
     if job.kind == AnalysisKind.PERF:
-        table = _read(files, comm_ids, PERF_COLUMNS)
+        # Whole communicators: their own rows say who holds each P2P peer.
+        table = resolve_peers(_read(files, comm_ids, [*PERF_COLUMNS, "comm_rank", PEER_IN_COMM])).select(PERF_COLUMNS)
         summary = perf_map(table)
         if summary is not None:
             _write_frame(f"{prefix}-groups.parquet", summary[0])
             _write_frame(f"{prefix}-samples.parquet", summary[1])
     else:
-        _write_frame(f"{prefix}-tail.parquet", hang_tail(_read(files, None, None)))
+        members = _read_frame(f"{_run_prefix(job_id, attempt)}/members.parquet").to_arrow()
+        _write_frame(f"{prefix}-tail.parquet", hang_tail(finish(_read(files, None, None), members)))
     AnalysisJob.objects.filter(pk=job_id, attempts=attempt).update(
         partitions_done=F("partitions_done") + 1, updated_at=timezone.now()
     )
@@ -210,9 +231,10 @@ def partition_map(job_id: int, attempt: int, index: int) -> bool:
 
 
 def _read(files: list[str], comm_ids: list[str] | None, columns: list[str] | None) -> pa.Table:
+    """The decoder's stored rows of ``files`` (``peer_in_comm`` included; resolve_peers/finish map it)."""
     if not files:
-        return SCHEMA.empty_table()
-    dataset = object_store().dataset(files, schema=SCHEMA)
+        return ROWS_SCHEMA.empty_table() if columns is None else ROWS_SCHEMA.empty_table().select(columns)
+    dataset = object_store().dataset(files, schema=ROWS_SCHEMA)
     where = pc.field("comm_id").isin(comm_ids) if comm_ids is not None else None
     return dataset.to_table(columns=columns, filter=where)
 

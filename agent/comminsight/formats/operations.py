@@ -197,35 +197,58 @@ def _record_id(values: np.ndarray) -> pa.Array:
     return pa.array(values.astype(np.int64), mask=values > np.uint64(np.iinfo(np.int64).max))
 
 
-def finish(rows: pa.Table) -> pa.Table:
-    """Step 2: P2P peers mapped to global ranks, the extra column dropped, rows in canonical order (SCHEMA).
+def communicator_members(rows: pa.Table) -> pa.Table:
+    """``(comm_id, comm_rank, rank)``: the global rank holding each communicator rank, from ``rows``' columns.
 
-    A peer is mapped through the rows of its communicator: the global rank of the lowest rank seen at
-    that communicator rank (one normally; a hostile input could claim two). Unknown peers stay null.
+    One rank normally; when a hostile input claims two, the lowest. Partial answers (of batches, of
+    partitions) combine by calling this again on their concatenation.
     """
     import polars as pl
 
-    if PEER_IN_COMM in rows.column_names and rows.num_rows:
-        df = pl.from_arrow(rows)
-        assert isinstance(df, pl.DataFrame)
-        known = df.group_by("comm_id", pl.col("comm_rank").alias("_peer")).agg(pl.col("rank").min().alias("_global"))
-        df = (
-            df.with_columns(pl.col(PEER_IN_COMM).alias("_peer"))
-            .join(known, on=["comm_id", "_peer"], how="left")
-            .with_columns(
-                pl.when(pl.col(PEER_IN_COMM).is_not_null())
-                .then(pl.col("_global"))
-                .otherwise(pl.col("peer"))
-                .alias("peer")
-            )
-            .drop("_peer", "_global")
+    frame = pl.from_arrow(rows.select(["comm_id", "comm_rank", "rank"]))
+    assert isinstance(frame, pl.DataFrame)
+    known = frame.filter(pl.col("comm_rank").is_not_null()).group_by("comm_id", "comm_rank").agg(pl.col("rank").min())
+    return known.sort("comm_id", "comm_rank").to_arrow()
+
+
+def resolve_peers(rows: pa.Table, members: pa.Table | None = None) -> pa.Table:
+    """``rows`` with P2P peers mapped to global ranks and :data:`PEER_IN_COMM` dropped (other columns as they are).
+
+    ``rows`` need ``comm_id``, ``comm_rank``, ``rank`` and ``peer``. A peer is mapped through ``members``
+    (:func:`communicator_members`; by default those of ``rows`` themselves, which is exact whenever
+    ``rows`` hold every rank's rows of their communicators). Unknown peers stay null.
+    """
+    import polars as pl
+
+    if PEER_IN_COMM not in rows.column_names:
+        return rows
+    if not rows.num_rows:
+        return rows.drop_columns([PEER_IN_COMM])
+    known = pl.from_arrow(communicator_members(rows) if members is None else members)
+    assert isinstance(known, pl.DataFrame)
+    known = known.rename({"comm_rank": "_peer", "rank": "_global"}).with_columns(
+        pl.col("_peer").cast(pl.Int32), pl.col("_global").cast(pl.Int32)
+    )
+    frame = pl.from_arrow(rows)
+    assert isinstance(frame, pl.DataFrame)
+    frame = (
+        frame.with_columns(pl.col(PEER_IN_COMM).alias("_peer"))
+        .join(known, on=["comm_id", "_peer"], how="left")
+        .with_columns(
+            pl.when(pl.col(PEER_IN_COMM).is_not_null()).then(pl.col("_global")).otherwise(pl.col("peer")).alias("peer")
         )
-        table = df.to_arrow()
-    else:
-        table = rows
-    if PEER_IN_COMM in table.column_names:
-        table = table.drop_columns([PEER_IN_COMM])
-    table = conform(table)
+        .drop("_peer", "_global", PEER_IN_COMM)
+    )
+    return (
+        frame.to_arrow()
+        .select([name for name in rows.column_names if name != PEER_IN_COMM])
+        .cast(pa.schema([f for f in rows.schema if f.name != PEER_IN_COMM]))
+    )
+
+
+def finish(rows: pa.Table, members: pa.Table | None = None) -> pa.Table:
+    """Step 2: P2P peers mapped to global ranks (:func:`resolve_peers`), rows in canonical order (SCHEMA)."""
+    table = conform(resolve_peers(rows, members))
     if table.num_rows > 1:
         table = table.take(pc.sort_indices(table, [(name, "ascending") for name in ORDER], null_placement="at_end"))
     return table
