@@ -45,8 +45,12 @@ _BYTES_MASK = (1 << _PID_SHIFT) - 1
 
 def _string_key(column: np.ndarray) -> np.ndarray:
     """A uint64 per fixed-width name (its first 16 bytes mixed), so names are told apart without Python."""
-    raw = np.ascontiguousarray(column).view(np.uint8).reshape(len(column), -1)[:, :16]
-    words = np.ascontiguousarray(raw).view("<u8")
+    column = np.ascontiguousarray(column)  # a no-op for the reader's columns
+    if column.dtype.itemsize % 8 == 0 and column.dtype.itemsize >= 16:
+        words = column.view("<u8").reshape(len(column), -1)  # no copy: the names' first two words
+    else:
+        raw = column.view(np.uint8).reshape(len(column), -1)[:, :16]
+        words = np.ascontiguousarray(raw).view("<u8")
     return words[:, 0] * np.uint64(1000003) ^ words[:, 1]
 
 
@@ -170,27 +174,35 @@ class LiveSteps:
             return 0
         recs = records[keep] if not keep.all() else records
         comm = recs["comm_hash"]
-        comm_first, comm_codes = _few_distinct(comm)  # few communicators per batch
-        comm_values = comm[comm_first].tolist()
+        # One code per (communicator, op name) pair: a batch of one GPU holds a handful of them, and role,
+        # op and the signature's high part are functions of the pair.
+        pair_first, pair_codes = _few_distinct(
+            comm.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ _string_key(recs["func"]), limit=32
+        )
+        comm_values = comm[pair_first].tolist()
         if any(int(c) not in self.roles for c in comm_values):
             self._learn_roles(recs)
-        role = np.array([self.roles[int(c)] for c in comm_values], np.int64)[comm_codes]
-        first, func_codes = _few_distinct(_string_key(recs["func"]))
-        names = _text(recs["func"][first])
-        op_codes = np.array([OP_CODE.get(op_name(f), OP_CODE["other"]) for f in names], np.int64)[func_codes]
+        pair_role = np.array([self.roles[int(c)] for c in comm_values], np.int64)
+        names = _text(recs["func"][pair_first])
+        pair_op = np.array([OP_CODE.get(op_name(f), OP_CODE["other"]) for f in names], np.int64)
+        role = pair_role[pair_codes]
         nbytes = recs["bytes"].astype(np.int64)
+        zero = np.zeros(len(pair_first), np.int64)
+        # signatures() is linear in its parts: the pair's part plus the size bucket's (role = op = 0).
+        sig = signatures(pair_role, pair_op, zero)[pair_codes] + signatures(zero[:1], zero[:1], nbytes)
         gpu = (recs["flags"] & consts["CI_FLAG_GPU_TIMES"]) != 0
         start = np.where(gpu, recs["gpu_start_ns"], recs["enqueue_end_ns"]).astype(np.int64)
         end = np.where(gpu, recs["gpu_end_ns"], recs["complete_ns"]).astype(np.int64)
         pid = recs["pid"].astype(np.int64)
-        if pid[0] == pid[-1] and np.all(pid == pid[0]):  # one writer per batch, as rings and segments give
+        one_writer = bool(pid[0] == pid[-1] and np.all(pid == pid[0]))  # as rings and segments give
+        if one_writer:
             order = None if np.all(start[1:] >= start[:-1]) else np.argsort(start, kind="stable")
         else:
             order = np.lexsort((start, pid))
         chunk = {
             "rank": pid,
             "row": (pid << _PID_SHIFT) | np.minimum(np.maximum(nbytes, 0), _BYTES_MASK),
-            "sig": signatures(role, op_codes, nbytes),
+            "sig": sig,
             "role": role,
             "start_ns": start,
             "end_ns": np.maximum(end, start),
@@ -198,7 +210,7 @@ class LiveSteps:
         if order is not None:
             chunk = {k: v[order] for k, v in chunk.items()}
         out = self.engine.feed(chunk)
-        written = self._emit(out)
+        written = self._emit(out, int(pid[0]) if one_writer else None)
         self.fed_seq[writer] = max(self.fed_seq.get(writer, -1), int(seq.max()))
         return written
 
@@ -239,11 +251,14 @@ class LiveSteps:
         self.write_pending()
         return written
 
-    def _emit(self, out: dict[str, Any]) -> int:
-        """Add the bytes of the batch's operations to their steps; queue the steps now final for writing."""
+    def _emit(self, out: dict[str, Any], only_pid: int | None = None) -> int:
+        """Add the bytes of the batch's operations to their steps; queue the steps now final for writing.
+        ``only_pid``: the batch was one writer's (the usual case), so rows need no grouping by writer."""
         rows, steps = out["rows"], out["steps"]
         ok = steps >= 0
-        if ok.any():
+        if only_pid is not None and len(steps) and steps[0] >= 0:  # steps never decrease: all are >= 0
+            self._add_bytes(only_pid, steps, (rows & _BYTES_MASK).astype(np.int64))
+        elif ok.any():
             pids = (rows[ok] >> _PID_SHIFT).astype(np.int64)
             nbytes = (rows[ok] & _BYTES_MASK).astype(np.int64)
             step_ids = steps[ok]
