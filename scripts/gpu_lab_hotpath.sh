@@ -12,6 +12,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/gpu_lab_hotpath}
 ROUNDS=${ROUNDS:-5}
+# phase limits, so one call fits a device-time budget: the lab job's steps and timeout, make check's timeout
+LAB_STEPS=${LAB_STEPS:-20} LAB_WARMUP=${LAB_WARMUP:-5} LAB_TIMEOUT=${LAB_TIMEOUT:-240} CHECK_TIMEOUT=${CHECK_TIMEOUT:-90}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 exec > >(tee -a "$OUT/hotpath.log") 2>&1
@@ -41,9 +43,9 @@ done | tee "$OUT/native.txt"
 "$P/profiler_hotpath" "$PLUGIN" "$P/libnccl-profiler-noop.so" 2>&1 | head -1 | tee -a "$OUT/native.txt"
 
 phase "step time without/with the plugin, $ROUNDS rounds"
-timeout 240 python3 scripts/gpu_lab.py --plugin "$PLUGIN" --out "$OUT" --rounds "$ROUNDS" --steps 20 --warmup 5 \
-  --phase-timeout 40 | tail -25
+timeout "$LAB_TIMEOUT" python3 scripts/gpu_lab.py --plugin "$PLUGIN" --out "$OUT" --rounds "$ROUNDS" \
+  --steps "$LAB_STEPS" --warmup "$LAB_WARMUP" --phase-timeout 40 | tail -25
 
 phase "make check"
-timeout 90 make -C native/profiler check 2>&1 | grep -E "^ok|FAIL|passed|Sanitizer|Error" | tail -20 | tee -a "$OUT/native.txt"
+timeout "$CHECK_TIMEOUT" make -C native/profiler check 2>&1 | grep -E "^ok|FAIL|passed|Sanitizer|Error" | tail -20 | tee -a "$OUT/native.txt"
 phase done

@@ -162,10 +162,25 @@ typedef struct __attribute__((aligned(CI_CACHELINE))) ci_shard_lists {
     _Atomic uint32_t done_head;
 } ci_shard_lists;
 
+/*
+ * A completing thread's own completion ring: single producer (the thread that claimed it), single consumer
+ * (the writer), so a completion is a plain store and a release store, no locked operation. Its capacity is
+ * at least the pool's size, so it can never be full (every entry is a distinct completed slot not yet drained).
+ * `state`: 0 free, 1 owned by a live thread, 2 its thread exited (the writer drains it, then frees it).
+ */
+#define CI_DONE_RINGS 16
+typedef struct ci_done_ring {
+    _Alignas(CI_CACHELINE) _Atomic uint32_t head; /* producer: entries pushed (free-running) */
+    _Alignas(CI_CACHELINE) uint32_t tail;         /* writer only: entries drained */
+    _Atomic uint32_t state;
+    uint32_t* slots;                              /* [pool size] slot indices */
+} ci_done_ring;
+
 typedef struct ci_pool {
     /* read by every producer, written only at init: a line of its own */
     _Alignas(CI_CACHELINE) ci_op* ops;
-    uint32_t size, per_shard;
+    uint32_t size, per_shard, ring_mask;
+    ci_done_ring rings[CI_DONE_RINGS];
     ci_shard_lists lists[CI_SHARDS];
     /* writer side only: batch of frees per shard (index + 1), pushed as one chain per cycle */
     _Alignas(CI_CACHELINE) uint32_t chain_top[CI_SHARDS];
@@ -180,6 +195,18 @@ void ci_pool_give_back(ci_pool* p, uint32_t idx); /* a cached, unused slot back 
 void ci_pool_prefetch(const ci_pool* p, uint32_t idx); /* the lines the event path writes, for writing */
 void ci_pool_complete(ci_pool* p, unsigned shard, ci_op* op); /* event path: onto `shard`'s completion list */
 ci_op* ci_pool_take_done(ci_pool* p, unsigned shard); /* writer: the shard's completed slots, oldest first, via link */
+/* A free completion ring for the calling thread, or NULL when all are taken (then it uses the shard lists). */
+ci_done_ring* ci_pool_ring_claim(ci_pool* p);
+void ci_pool_ring_leave(ci_done_ring* r); /* the owning thread exits: the writer frees the ring once drained */
+ci_op* ci_pool_take_ring(ci_pool* p, unsigned ring); /* writer: the ring's completed slots, oldest first, via link */
+
+/* Event path: the owning thread publishes a completed slot on its ring (never full, see above). */
+static inline void ci_done_ring_push(ci_done_ring* r, uint32_t idx, uint32_t mask) {
+    uint32_t h = atomic_load_explicit(&r->head, memory_order_relaxed); /* only this thread writes it */
+    r->slots[h & mask] = idx;
+    /* release: the slot's fields and this entry are visible to the writer that acquires head */
+    atomic_store_explicit(&r->head, h + 1, memory_order_release);
+}
 void ci_pool_release(ci_pool* p, ci_op* op);      /* writer side: queued for its home shard */
 void ci_pool_flush_frees(ci_pool* p);             /* writer side: one CAS per shard for all queued frees */
 

@@ -12,7 +12,8 @@
  * descriptor's nChannels until that channel's KernelCh stops (as NVIDIA's
  * inspector plugin decides completion), and any extra child until it stops.
  * Whoever closes the last part (one fetch_sub sees the count reach zero)
- * pushes the slot onto its shard's completion list. No lock,
+ * publishes the slot on its own completion ring (single producer, no
+ * locked operation; the shard's list when it has none). No lock,
  * syscall, allocation or wait on that path; an empty pool drops and counts.
  * The exported tables (v5, v4) are the last thing in this file.
  */
@@ -34,13 +35,20 @@
 #define MASK_V5 (ncclProfileColl | ncclProfileP2p | ncclProfileKernelCh | ncclProfileCollApi | ncclProfileP2pApi)
 #define MASK_V4 (ncclProfileColl | ncclProfileP2p | ncclProfileKernelCh)
 
+/*
+ * Thread-locals in the initial-exec model: an access is one %fs-relative load, where the default model of a
+ * shared library calls __tls_get_addr (2-3 calls per event before). They take about 130 bytes of the
+ * static TLS space glibc reserves for libraries loaded later (dlopen), far below its surplus.
+ */
+#define CI_TLS __thread __attribute__((tls_model("initial-exec")))
+
 ci_runtime* ci_rt;
 static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_live_comms;
 static ci_comm* g_comms;
 static _Atomic unsigned g_next_shard;
-static __thread int tls_shard = -1;
-static __thread int32_t tls_tid;
+static CI_TLS int tls_shard = -1;
+static CI_TLS int32_t tls_tid;
 
 /*
  * Per-thread slot cache: a thread takes CI_TLS_SLOTS free slots with one CAS and uses them without any
@@ -49,10 +57,14 @@ static __thread int32_t tls_tid;
  * so threads that come and go with communicators do not drain the pool.
  */
 #define CI_TLS_SLOTS 16
-static __thread uint32_t tls_gen;
-static __thread uint32_t tls_n;
-static __thread uint32_t tls_slots[CI_TLS_SLOTS];
-static __thread uint32_t tls_registered; /* generation whose key holds this thread's destructor */
+static CI_TLS uint32_t tls_gen;
+static CI_TLS uint32_t tls_n;
+static CI_TLS uint32_t tls_slots[CI_TLS_SLOTS];
+static CI_TLS uint32_t tls_registered; /* generation whose key holds this thread's destructor */
+/* This thread's completion ring (see ci_done_ring), claimed at its first completion in a runtime;
+   NULL with tls_ring_gen current: none was free, the shard lists serve this thread. */
+static CI_TLS ci_done_ring* tls_ring;
+static CI_TLS uint32_t tls_ring_gen;
 /* created at runtime start and deleted at its stop (under g_init_lock), so no destructor of ours runs
    after NCCL unloads the library */
 static pthread_key_t g_tls_key;
@@ -83,9 +95,19 @@ static void tls_give_back(void* unused) {
     if (ci_rt != NULL && tls_gen == ci_rt->generation)
         for (uint32_t i = 0; i < tls_n; i++) ci_pool_give_back(&ci_rt->pool, tls_slots[i]);
     tls_n = 0;
+    if (ci_rt != NULL && tls_ring_gen == ci_rt->generation && tls_ring != NULL) ci_pool_ring_leave(tls_ring);
+    tls_ring = NULL;
     pthread_mutex_unlock(&g_init_lock);
 }
 
+
+/* Makes sure this thread's exit runs tls_give_back for the current runtime. */
+static inline void tls_register(const ci_runtime* rt) {
+    if (tls_registered != rt->generation) {
+        tls_registered = rt->generation;
+        if (g_tls_key_ok) pthread_setspecific(g_tls_key, &tls_registered);
+    }
+}
 
 /* Refills this thread's cache; returns a slot, or NULL when the pool is empty. Off the common path. */
 static __attribute__((noinline)) ci_op* slot_refill(ci_runtime* rt, unsigned shard) {
@@ -93,10 +115,7 @@ static __attribute__((noinline)) ci_op* slot_refill(ci_runtime* rt, unsigned sha
         tls_n = 0; /* slots of an earlier runtime's pool: that pool is gone */
         tls_gen = rt->generation;
     }
-    if (tls_registered != rt->generation) {
-        tls_registered = rt->generation;
-        if (g_tls_key_ok) pthread_setspecific(g_tls_key, &tls_registered);
-    }
+    tls_register(rt);
     uint32_t got[CI_TLS_SLOTS];
     uint32_t n = ci_pool_alloc_batch(&rt->pool, shard, got, CI_TLS_SLOTS);
     if (n == 0) return NULL;
@@ -164,7 +183,14 @@ static inline void* op_start(ci_comm* comm, const void* parent, uint8_t kind, ui
  * enqueue's stopEvent closes the op, its own stop tick is the completion time.
  */
 #define CI_GPU_SAMPLE 16
-static __thread uint32_t tls_gpu_completions;
+static CI_TLS uint32_t tls_gpu_completions;
+
+/* First completion of this thread in this runtime: claim a completion ring. Off the common path. */
+static __attribute__((noinline)) void ring_claim(ci_runtime* rt) {
+    tls_ring_gen = rt->generation;
+    tls_ring = ci_pool_ring_claim(&rt->pool);
+    if (tls_ring != NULL) tls_register(rt); /* the ring is handed back when this thread exits */
+}
 
 static inline void op_complete(ci_op* op, uint64_t closing_tick) {
     atomic_store_explicit(&op->state, CI_SLOT_DONE, memory_order_relaxed);
@@ -177,8 +203,15 @@ static inline void op_complete(ci_op* op, uint64_t closing_tick) {
     } else {
         op->t_complete = ci_ticks();
     }
-    /* cannot fail: a completion list is intrusive (the slot's own link), so it can never be full */
-    ci_pool_complete(&ci_rt->pool, my_shard(), op);
+    ci_runtime* rt = ci_rt;
+    if (__builtin_expect(tls_ring_gen != rt->generation, 0)) ring_claim(rt);
+    if (__builtin_expect(tls_ring != NULL, 1)) {
+        /* the completing thread's own ring: no locked operation */
+        ci_done_ring_push(tls_ring, op->index, rt->pool.ring_mask);
+        return;
+    }
+    /* more completing threads than rings: the shard list (one CAS; intrusive, so never full) */
+    ci_pool_complete(&rt->pool, my_shard(), op);
 }
 
 /* `closing_tick`: the tick the caller just read for this event (the enqueue's stop), 0 for a child. */

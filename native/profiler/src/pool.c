@@ -10,7 +10,9 @@
  * returns each slot to its home shard as one chain per shard per cycle (one
  * CAS), so it rarely contends with producers on the stack heads.
  *
- * A completed slot goes onto its completing thread's shard list (an
+ * A completed slot goes onto its completing thread's completion ring
+ * (ci_done_ring: single producer, single consumer, a plain and a release
+ * store; CI_DONE_RINGS threads at once have one), else onto its shard list (an
  * intrusive push-only stack through the slot's own `link`, which lies on a
  * line the producer already owns): one CAS, no separate cell to fetch. The
  * writer takes a whole list with one exchange and reverses it, so records
@@ -59,6 +61,15 @@ int ci_pool_init(ci_pool* p, uint32_t size) {
     p->ops = mem;
     p->size = size;
     p->per_shard = size / CI_SHARDS;
+    p->ring_mask = 1;
+    while (p->ring_mask < size) p->ring_mask <<= 1;
+    p->ring_mask -= 1; /* capacity: the pool's size rounded up to a power of two */
+    for (int r = 0; r < CI_DONE_RINGS; r++) {
+        /* a ring that cannot be allocated stays "taken": its threads use the shard lists */
+        p->rings[r].slots = malloc(((size_t)p->ring_mask + 1) * sizeof(uint32_t));
+        atomic_init(&p->rings[r].head, 0);
+        atomic_init(&p->rings[r].state, p->rings[r].slots != NULL ? 0u : 1u);
+    }
     for (int s = 0; s < CI_SHARDS; s++) {
         atomic_init(&p->lists[s].free_head, 0);
         atomic_init(&p->lists[s].done_head, 0);
@@ -73,6 +84,10 @@ int ci_pool_init(ci_pool* p, uint32_t size) {
 }
 
 void ci_pool_free(ci_pool* p) {
+    for (int r = 0; r < CI_DONE_RINGS; r++) {
+        free(p->rings[r].slots);
+        p->rings[r].slots = NULL;
+    }
     free(p->ops);
     p->ops = NULL;
 }
@@ -124,6 +139,42 @@ void ci_pool_complete(ci_pool* p, unsigned shard, ci_op* op) {
         /* release: the slot's fields (and its link) are visible to the writer that takes the list */
     } while (!atomic_compare_exchange_weak_explicit(head, &old, op->index + 1, memory_order_release,
                                                     memory_order_relaxed));
+}
+
+ci_done_ring* ci_pool_ring_claim(ci_pool* p) {
+    for (int r = 0; r < CI_DONE_RINGS; r++) {
+        uint32_t free_state = 0;
+        /* acquire: the previous owner's entries and the writer's drain of them come before our pushes */
+        if (atomic_compare_exchange_strong_explicit(&p->rings[r].state, &free_state, 1, memory_order_acquire,
+                                                    memory_order_relaxed))
+            return &p->rings[r];
+    }
+    return NULL;
+}
+
+void ci_pool_ring_leave(ci_done_ring* r) {
+    /* release: every push of this thread is visible to the writer that sees the ring left */
+    atomic_store_explicit(&r->state, 2, memory_order_release);
+}
+
+ci_op* ci_pool_take_ring(ci_pool* p, unsigned ring) {
+    ci_done_ring* r = &p->rings[ring];
+    /* state before head (both acquire): a ring seen left holds every entry its thread will ever push */
+    uint32_t state = atomic_load_explicit(&r->state, memory_order_acquire);
+    if (state == 0 || r->slots == NULL) return NULL;
+    uint32_t head = atomic_load_explicit(&r->head, memory_order_acquire);
+    uint32_t mask = p->ring_mask, first = 0, last = 0;
+    /* chain the entries through their slots' links, oldest first, as the shard lists are handed over */
+    for (; r->tail != head; r->tail++) {
+        uint32_t idx = r->slots[r->tail & mask];
+        atomic_store_explicit(&p->ops[idx].link, 0, memory_order_relaxed);
+        if (last != 0) atomic_store_explicit(&p->ops[last - 1].link, idx + 1, memory_order_relaxed);
+        else first = idx + 1;
+        last = idx + 1;
+    }
+    /* release: a thread that claims the freed ring finds it drained */
+    if (state == 2) atomic_store_explicit(&r->state, 0, memory_order_release);
+    return first != 0 ? &p->ops[first - 1] : NULL;
 }
 
 ci_op* ci_pool_take_done(ci_pool* p, unsigned shard) {

@@ -145,10 +145,11 @@ void ci_writer_emit_locked(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op
 }
 
 static void drain_locked(ci_runtime* rt) {
-    ci_op* done[CI_SHARDS];
+    /* the shards' completion lists, then the threads' completion rings, each oldest first via `link` */
+    ci_op* done[CI_SHARDS + CI_DONE_RINGS];
     /* first pass: the GPU -> host offset samples of everything completed, before any op is converted */
-    for (unsigned s = 0; s < CI_SHARDS; s++) {
-        done[s] = ci_pool_take_done(&rt->pool, s);
+    for (unsigned s = 0; s < CI_SHARDS + CI_DONE_RINGS; s++) {
+        done[s] = s < CI_SHARDS ? ci_pool_take_done(&rt->pool, s) : ci_pool_take_ring(&rt->pool, s - CI_SHARDS);
         for (ci_op* op = done[s]; op != NULL;) {
             gpu_offset_sample(rt, op);
             uint32_t next = atomic_load_explicit(&op->link, memory_order_relaxed);
@@ -156,7 +157,7 @@ static void drain_locked(ci_runtime* rt) {
         }
     }
     gpu_offset_rotate(rt, ci_realtime_ns());
-    for (unsigned s = 0; s < CI_SHARDS; s++) {
+    for (unsigned s = 0; s < CI_SHARDS + CI_DONE_RINGS; s++) {
         ci_op* op = done[s];
         while (op != NULL) {
             /* read the link before the release below reuses it for the free chain */

@@ -516,6 +516,55 @@ static void test_threads_that_come_and_go_do_not_drain_the_pool(void) {
     printf("ok   threads that come and go give their cached slots back\n");
 }
 
+typedef struct {
+    void* ctx;
+    int thread;
+    pthread_barrier_t* all_alive;
+    long dropped;
+} crowd_arg;
+
+static void* crowd(void* p) {
+    crowd_arg* a = p;
+    if (coll_op(a->ctx, (uint64_t)a->thread * 1000, 1, 1) == NULL) a->dropped++;
+    /* every thread holds its completion ring (or found none) before any thread leaves */
+    pthread_barrier_wait(a->all_alive);
+    for (int i = 1; i < 200; i++)
+        if (coll_op(a->ctx, (uint64_t)a->thread * 1000 + (uint64_t)i, 1, 1) == NULL) a->dropped++;
+    return NULL;
+}
+
+static void test_more_completing_threads_than_rings_lose_nothing(void) {
+    /* CI_DONE_RINGS threads get a completion ring of their own; the others complete through the shard
+       lists; every record arrives, in both cases */
+    enum { THREADS = CI_DONE_RINGS + 8 };
+    fresh_home("crowd");
+    setenv("COMMINSIGHT_POOL_SIZE", "65536", 1);
+    void* ctx = init5("crowd", THREADS, 0);
+    pthread_t th[THREADS];
+    crowd_arg args[THREADS];
+    pthread_barrier_t all_alive;
+    pthread_barrier_init(&all_alive, NULL, THREADS);
+    for (int i = 0; i < THREADS; i++) {
+        args[i] = (crowd_arg){ctx, i, &all_alive, 0};
+        pthread_create(&th[i], NULL, crowd, &args[i]);
+    }
+    long dropped = 0;
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(th[i], NULL);
+        dropped += args[i].dropped;
+    }
+    pthread_barrier_destroy(&all_alive);
+    int rings_taken = 0;
+    for (int r = 0; r < CI_DONE_RINGS; r++)
+        rings_taken += atomic_load_explicit(&ci_rt->pool.rings[r].state, memory_order_relaxed) == 1;
+    ncclProfiler_v5.finalize(ctx);
+    unsetenv("COMMINSIGHT_POOL_SIZE");
+    tally t = read_logs();
+    CHECK(dropped == 0 && t.valid == THREADS * 200, "records %ld dropped %ld", t.valid, dropped);
+    CHECK(rings_taken == 0, "%d completion rings still taken after their threads exited", rings_taken);
+    printf("ok   %d completing threads, %d rings: %ld records, rings handed back\n", THREADS, CI_DONE_RINGS, t.valid);
+}
+
 static void test_completion_times_from_the_gpu_timer_follow_the_host_clock(void) {
     fresh_home("gputime");
     void* ctx = init5("gputime", 2, 0);
@@ -579,6 +628,7 @@ int main(void) {
     test_late_unannounced_child_is_ignored();
     test_pool_exhaustion_drops_without_blocking();
     test_threads_that_come_and_go_do_not_drain_the_pool();
+    test_more_completing_threads_than_rings_lose_nothing();
     test_completion_times_from_the_gpu_timer_follow_the_host_clock();
     test_unwritable_home_degrades();
     test_p2p_sequence_per_peer();
