@@ -42,6 +42,8 @@ from comminsight.semantic.roles import infer_roles
 
 COORDS = ("dp_rank", "pp_rank", "tp_rank")
 NOISE_MULTIPLE = 3.0  # a culprit saves at least this many times the typical rank's saving
+REPLAY_BUDGET = 64 << 20  # bytes of event x scenario arrays per replay chunk
+NOISE_SAMPLE = 24  # single ranks replayed again in later culprit rounds, for the noise bar
 TEMPORAL_SE = 2.0  # a rank set's median excess must exceed this many robust standard errors over steps
 WAIT_CLOCK_SLACK_NS = 50_000  # CPU issue times and GPU end times come from different clocks
 
@@ -273,6 +275,7 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     arrays["step_index"] = np.searchsorted(arrays["step_ids"], st)
     arrays["step_begin"] = np.minimum.reduceat(step_start[order], cuts) if n else np.zeros(0)
     arrays["plan"] = _levels(arrays) if n else None
+    arrays["first_events"] = np.flatnonzero(prev < 0)
     return ev, arrays
 
 
@@ -338,6 +341,9 @@ def _levels(arrays: dict[str, np.ndarray]) -> list[tuple[np.ndarray, ...]] | Non
 
     order_g, cut_g = segments(group, lv_g)
     order_b, cut_b = segments(batch, lv_b)
+    # Events alone in their group and their batch (compute, local operations): their batch ends
+    # at their arrival plus their work, with no reduction; the fast plan handles them apart.
+    alone = (np.bincount(group, minlength=n_groups)[group] == 1) & (np.bincount(batch, minlength=n_batches)[batch] == 1)
     plan = []
     for lv in range(n_levels):
         ia = order_a[cut_a[lv] : cut_a[lv + 1]]
@@ -345,7 +351,14 @@ def _levels(arrays: dict[str, np.ndarray]) -> list[tuple[np.ndarray, ...]] | Non
         bm = order_b[cut_b[lv] : cut_b[lv + 1]]
         g_seg = np.flatnonzero(np.r_[True, group[gm][1:] != group[gm][:-1]]) if gm.size else idx[:0]
         b_seg = np.flatnonzero(np.r_[True, batch[bm][1:] != batch[bm][:-1]]) if bm.size else idx[:0]
-        plan.append((ia, gm, g_seg, group[gm][g_seg], bm, b_seg, batch[bm][b_seg]))
+        step = (ia, gm, g_seg, group[gm][g_seg], bm, b_seg, batch[bm][b_seg])
+        # Fast plan: level 0 holds exactly the steps' first events (they start from the step's
+        # start); at other levels each arrival follows the end of the previous operation's batch.
+        solo, gm2, bm2 = ia[alone[ia]], gm[~alone[gm]], bm[~alone[bm]]
+        g2 = np.flatnonzero(np.r_[True, group[gm2][1:] != group[gm2][:-1]]) if gm2.size else idx[:0]
+        b2 = np.flatnonzero(np.r_[True, batch[bm2][1:] != batch[bm2][:-1]]) if bm2.size else idx[:0]
+        fast = (ia, batch[safe_prev[ia]], solo, batch[solo], gm2, g2, group[gm2][g2], bm2, b2, batch[bm2][b2])
+        plan.append((step, fast))
     return plan
 
 
@@ -361,7 +374,7 @@ def _replay(arrays: dict[str, np.ndarray], gap: np.ndarray, work: np.ndarray, st
     prev, group, batch = arrays["prev"], arrays["group_dense"], arrays["batch"]
     first, safe_prev = prev < 0, np.maximum(prev, 0)
     sync, launch = arrays["sync"], arrays["launch"]
-    c, n = gap.shape
+    c = gap.shape[0]
     plan = arrays["plan"]
     if plan is None:
         # A cycle (matching errors): iterate from below, a bounded number of passes.
@@ -385,12 +398,41 @@ def _replay(arrays: dict[str, np.ndarray], gap: np.ndarray, work: np.ndarray, st
         return end
     # Event-major layout: gathering an event's values over all scenarios reads one contiguous row.
     gap_t, work_t, start_t = (np.ascontiguousarray(x.T) for x in (gap, work, start))
-    cpu = np.zeros((n, c))
-    arrive = np.zeros((n, c))
-    ready = np.zeros((int(group.max()) + 1, c))
-    b_end = np.zeros((int(batch.max()) + 1, c))
+    return np.ascontiguousarray(_replay_events(arrays, gap_t, work_t, start_t).T)
+
+
+def _replay_events(
+    arrays: dict[str, np.ndarray], gap_t: np.ndarray, work_t: np.ndarray, start_t: np.ndarray
+) -> np.ndarray:
+    """``_replay`` on event-major inputs (events x scenarios) along the level plan; event-major ends.
+
+    ``start_t`` holds one row per event; only the steps' first events' rows are read.
+    """
+    prev, group, batch = arrays["prev"], arrays["group_dense"], arrays["batch"]
+    first, safe_prev = prev < 0, np.maximum(prev, 0)
+    sync, launch = arrays["sync"], arrays["launch"]
+    n, c = gap_t.shape
+    ready = np.zeros((int(group.max()) + 1, c), dtype=gap_t.dtype)
+    b_end = np.zeros((int(batch.max()) + 1, c), dtype=gap_t.dtype)
+    arrive = np.zeros((n, c), dtype=gap_t.dtype)
+    if bool(sync.all()) and not bool(launch.any()):
+        # Without host issue times every operation is issued when the previous one on its rank
+        # ends: the arrival is that end (the step's start at level 0) plus the gap.
+        for lv, (_, (ia, prev_batch, solo, solo_batch, gm, g_seg, g_ids, bm, b_seg, b_ids)) in enumerate(
+            arrays["plan"]
+        ):
+            if ia.size:
+                arrive[ia] = (start_t[ia] if lv == 0 else b_end[prev_batch]) + gap_t[ia]
+            if solo.size:
+                b_end[solo_batch] = arrive[solo] + work_t[solo]
+            if gm.size:
+                ready[g_ids] = np.maximum.reduceat(arrive[gm], g_seg, axis=0)
+            if bm.size:
+                b_end[b_ids] = np.maximum.reduceat(ready[group[bm]] + work_t[bm], b_seg, axis=0)
+        return b_end[batch]
+    cpu = np.zeros((n, c), dtype=gap_t.dtype)
     sync_col, first_col, launch_col = sync[:, None], first[:, None], launch[:, None]
-    for ia, gm, g_seg, g_ids, bm, b_seg, b_ids in plan:
+    for (ia, gm, g_seg, g_ids, bm, b_seg, b_ids), _ in arrays["plan"]:
         if ia.size:
             p, f = safe_prev[ia], first_col[ia]
             e_prev = b_end[batch[p]]
@@ -402,7 +444,7 @@ def _replay(arrays: dict[str, np.ndarray], gap: np.ndarray, work: np.ndarray, st
             ready[g_ids] = np.maximum.reduceat(arrive[gm], g_seg, axis=0)
         if bm.size:
             b_end[b_ids] = np.maximum.reduceat(ready[group[bm]] + work_t[bm], b_seg, axis=0)
-    return np.ascontiguousarray(b_end[batch].T)
+    return b_end[batch]
 
 
 def _step_times(arrays: dict[str, np.ndarray], end: np.ndarray) -> np.ndarray:
@@ -470,6 +512,11 @@ def _ideal_inputs(arrays: dict[str, np.ndarray]) -> None:
         if name == "carry":
             mean = np.where(np.isnan(carried), np.nan, mean)
         arrays[f"mean_{name}"] = np.where(np.isnan(mean), values, mean)
+    # The replay's float32 inputs, relative to each step's begin (see _run).
+    for name in ("work", "ideal_work", "gap", "ideal_gap", "carry", "ideal_carry"):
+        arrays[f"{name}32"] = arrays[name].astype(np.float32)
+    begin = arrays["step_begin"][arrays["step_index"]]
+    arrays["start_offset32"] = (arrays["step_start"] - begin).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -489,17 +536,43 @@ class _Scenario:
     gap: np.ndarray
 
 
-def _run(arrays: dict[str, np.ndarray], scenarios: list[_Scenario], chunk: int = 16) -> np.ndarray:
-    """Per scenario and step: replayed step time."""
+def _run(arrays: dict[str, np.ndarray], scenarios: list[_Scenario]) -> np.ndarray:
+    """Per scenario and step: replayed step time.
+
+    Scenarios go through the replay in chunks sized so that the chunk's event x scenario arrays
+    stay within ``REPLAY_BUDGET`` bytes, whatever the trace's length. Along the level plan the
+    times are float32 and relative to each step's begin (a step spans seconds at most: 0.1 us
+    resolution), which halves the memory traffic of the replay; the fallback stays float64.
+    """
     out = []
+    order, cuts = arrays["step_order"], arrays["step_cuts"]
+    n = arrays["prev"].size
+    chunk = int(np.clip(REPLAY_BUDGET // max(n * 4 * 8, 1), 4, 64))
+    first = arrays["first_events"]
+    begin = arrays["step_begin"][arrays["step_index"]]
     for i in range(0, len(scenarios), chunk):
         part = scenarios[i : i + chunk]
-        mw = np.stack([s.work for s in part])
-        mg = np.stack([s.gap for s in part])
-        work = np.where(mw, arrays["work"], arrays["ideal_work"])
-        gap = np.where(mg, arrays["gap"], arrays["ideal_gap"])
-        start = arrays["step_start"] + np.where(mg, arrays["carry"], arrays["ideal_carry"])
-        out.append(_step_times(arrays, _replay(arrays, gap, work, start)))
+        # Built event-major (events x scenarios), the layout the replay reads.
+        mw = np.stack([s.work for s in part], axis=1)
+        mg = np.stack([s.gap for s in part], axis=1)
+        if arrays["plan"] is None:
+            work = np.where(mw, arrays["work"][:, None], arrays["ideal_work"][:, None])
+            gap = np.where(mg, arrays["gap"][:, None], arrays["ideal_gap"][:, None])
+            start = arrays["step_start"][:, None] + np.where(
+                mg, arrays["carry"][:, None], arrays["ideal_carry"][:, None]
+            )
+            end = _replay(arrays, gap.T, work.T, start.T).T - begin[:, None]
+        else:
+            work = np.where(mw, arrays["work32"][:, None], arrays["ideal_work32"][:, None])
+            gap = np.where(mg, arrays["gap32"][:, None], arrays["ideal_gap32"][:, None])
+            # Only the steps' first events read their start.
+            start = np.empty_like(gap)
+            start[first] = arrays["start_offset32"][first, None] + np.where(
+                mg[first], arrays["carry32"][first, None], arrays["ideal_carry32"][first, None]
+            )
+            end = _replay_events(arrays, gap, work, start)
+        hi = np.maximum.reduceat(end[order], cuts, axis=0)
+        out.append(hi.T.astype(np.float64))
     return np.concatenate(out) if out else np.zeros((0, arrays["step_begin"].size))
 
 
@@ -777,28 +850,40 @@ def analyse_stragglers(
         open_names = [n for n in names if (cands[n].work & ~chosen.work).any() or (cands[n].gap & ~chosen.gap).any()]
         if not open_names:
             break
-        if chosen.ranks or chosen.work.any():
+        chosen_events = np.isin(arrays["rank"], list(chosen.ranks))
+        own_excess: dict[str, tuple[np.ndarray, float]] = {}
+        rate: dict[str, float] = {}  # excess per rank not yet named
+        for n in open_names:
+            c = cands[n]
+            if not n.startswith("comm="):
+                # Only the ranks not yet named: a named communicator's members also carry its
+                # effects in their gaps (they finish steps later), which are not this set's own.
+                own = c.work & ~chosen_events
+                own_excess[n] = _rank_excess(arrays, _excess(arrays, own, own), c.ranks - chosen.ranks, chosen.ranks)
+            else:
+                own_excess[n] = (_excess(arrays, c.work & ~chosen.work, c.gap & ~chosen.gap), 0.0)
+            rate[n] = float(own_excess[n][0].mean()) / max(len(c.ranks - chosen.ranks), 1)
+        if groups:
+            # Replay only what may still be named (see above), every group (their siblings set
+            # the bar), and a spread sample of single ranks (the job's noise).
+            singles_open = [n for n in open_names if n.startswith("rank=")]
+            sample = set(singles_open[:: max(1, len(singles_open) // NOISE_SAMPLE)])
+            open_names = [
+                n
+                for n in open_names
+                if not n.startswith("rank=") or n in sample or n in observed_cost or rate[n] >= 0.5 * first_rate
+            ]
             scen = [_Scenario(~(cands[n].work | chosen.work), ~(cands[n].gap | chosen.gap)) for n in open_names]
             totals = dict(zip(open_names, _run(arrays, scen), strict=True))
         else:
             totals = {n: t_remove[n] for n in open_names}
         savings = {n: float((current - t).mean()) for n, t in totals.items()}
-        chosen_events = np.isin(arrays["rank"], list(chosen.ranks))
         singles = np.array([v for n, v in savings.items() if n.startswith("rank=")])
         threshold = _noise_threshold(singles, float(current.mean()), min_gain)
         passing = {}
         for n, v in savings.items():
             c = cands[n]
-            rank_based = not n.startswith("comm=")
-            pooled = 0.0
-            if rank_based:
-                # Only the ranks not yet named: a named communicator's members also carry its
-                # effects in their gaps (they finish steps later), which are not this set's own.
-                own = c.work & ~chosen_events
-                extra = _excess(arrays, own, own)
-                extra, pooled = _rank_excess(arrays, extra, c.ranks - chosen.ranks, chosen.ranks)
-            else:
-                extra = _excess(arrays, c.work & ~chosen.work, c.gap & ~chosen.gap)
+            extra, pooled = own_excess[n]
             # A candidate must stand out from the others of its kind (the other ranks, DP ranks,
             # stages: itself left out); a group also from single ranks (making a whole group
             # typical trims more jitter than one rank).
@@ -810,8 +895,7 @@ def analyse_stragglers(
             consistency = float((current - totals[n] > 0.5 * bar).mean())
             if not groups and v > bar:
                 observed_cost.add(n)
-            rate = float(extra.mean()) / max(len(c.ranks - chosen.ranks), 1)
-            if groups and n not in observed_cost and rate < 0.5 * first_rate:
+            if groups and n not in observed_cost and rate[n] < 0.5 * first_rate:
                 continue
             if v > bar and consistency >= 0.5 and _significant(extra, pooled):
                 passing[n] = (float(extra.mean()), consistency)
