@@ -10,6 +10,8 @@ interface JobMessage {
   state: string;
   progress: number;
   error?: string;
+  partitions?: number; // a partitioned run: its map tasks, and how many have finished
+  partitions_done?: number;
 }
 
 function isJobMessage(value: unknown): value is JobMessage {
@@ -33,6 +35,7 @@ export function applyJob(root: ParentNode, job: JobMessage): void {
     if (bar) {
       bar.value = job.progress;
       bar.textContent = `${job.progress}%`;
+      if (job.partitions) bar.title = `${job.partitions_done ?? 0} of ${job.partitions} partitions analysed`;
     }
   });
 }

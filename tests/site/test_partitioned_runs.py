@@ -17,6 +17,8 @@ import pytest
 from asgiref.sync import async_to_sync
 from celery import signals
 from channels.layers import get_channel_layer
+from django.test import Client
+from django.urls import reverse
 
 from apps.analysis import services
 from apps.analysis.models import AnalysisJob, JobState
@@ -89,6 +91,11 @@ def test_the_hung_rank_is_found_by_the_partitioned_run(personas, settings, tmp_p
     job.refresh_from_db()
     assert job.result["root_cause_ranks"] == [5]
     assert job.partitions == 8
+    client = Client()
+    client.force_login(personas.bob)  # shared with: sees the job and how far its map tasks got
+    url = reverse("api-analysis-detail", kwargs={"workload_id": personas.workload.pk, "job_id": job.pk})
+    shown = client.get(url).json()
+    assert (shown["partitions_done"], shown["partitions"]) == (8, 8)
 
 
 def test_progress_over_channels_counts_the_map_tasks_done(personas, settings, tmp_path):

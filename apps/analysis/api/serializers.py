@@ -19,6 +19,8 @@ class AnalysisJobSerializer(serializers.ModelSerializer):
             "kind",
             "state",
             "progress",
+            "partitions",
+            "partitions_done",
             "parameters",
             "error",
             "created_by",
