@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 import pytest
-from evidence_samples import fr_dump, kineto_trace
+from evidence_samples import fr_dump, inspector_lines, kineto_trace
 
 MiB = 1 << 20
 # The requirement is 1 GB for any input up to the caps; the margin absorbs allocator and platform noise.
@@ -155,3 +155,70 @@ def test_a_parquet_table_of_millions_of_repeated_rows_is_refused_from_its_footer
     assert path.stat().st_size < 2 * MiB
     peak = _refused(path, tmp_path, "rows")
     assert peak < PEAK_LIMIT
+
+
+def test_a_parquet_table_whose_dictionary_text_decodes_to_gigabytes_is_refused(tmp_path):
+    import pyarrow as pa
+
+    # One 20 kB operation name stored once, referred to by every row: 2 kB on disk, 400 MB as text.
+    rows = 20_000
+    names = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["x" * 20_000]))
+    times = pa.array([1] * rows, pa.int64())
+    path = tmp_path / "ops.parquet"
+    for store_schema in (True, False):  # read back as a categorical, or as plain text
+        table = pa.table({"rank": pa.array([0] * rows, pa.int64()), "op": names, "start_ns": times, "end_ns": times})
+        pq.write_table(table, path, compression="zstd", store_schema=store_schema)
+        assert path.stat().st_size < 64 * 1024
+        peak = _refused(path, tmp_path, "text decodes")
+        assert peak < PEAK_LIMIT
+
+
+def test_a_parquet_table_with_a_nested_operation_column_is_refused(tmp_path):
+    import pyarrow as pa
+
+    path = tmp_path / "ops.parquet"
+    table = pa.table({"rank": [0], "op": [["all_reduce"] * 3], "start_ns": [1], "end_ns": [2]})
+    pq.write_table(table, path)
+    _refused(path, tmp_path, "'op'", "not plain values")
+
+
+def test_a_csv_table_of_tiny_rows_past_the_row_cap_is_refused(tmp_path):
+    from comminsight.importers.columns import MAX_ROWS
+
+    path = tmp_path / "ops.csv"
+    path.write_bytes(b"rank,op,start_ns,end_ns\n" + b"0,x,1,2\n" * (MAX_ROWS + 1))
+    peak = _refused(path, tmp_path, "rows")
+    assert peak < PEAK_LIMIT
+
+
+def test_a_csv_table_of_too_many_columns_is_refused(tmp_path):
+    path = tmp_path / "ops.csv"
+    header = ",".join(["rank", "op", "start_ns", "end_ns"] + [f"c{i}" for i in range(1000)])
+    path.write_text(header + "\n" + ",".join(["0", "x", "1", "2"] + ["0"] * 1000) + "\n")
+    _refused(path, tmp_path, "columns")
+
+
+def test_nccl_inspector_logs_past_the_row_cap_together_are_refused(tmp_path):
+    # Each log is small; together they hold more operations than one import may (the cap is lowered
+    # here so that the logs stay small: the check is the same).
+    logs = tmp_path / "inspector"
+    logs.mkdir()
+    for rank in range(4):
+        (logs / f"host0-pid{1000 + rank}.log").write_text("\n".join(inspector_lines(rank=rank, n_ranks=4, n=20)) + "\n")
+    script = (
+        "import sys; import comminsight.importers.nccl_inspector as inspector; inspector.MAX_ROWS = 50; "
+        "from comminsight.cli import main; sys.argv[0] = 'comminsight'; sys.exit(main())"
+    )
+    out = tmp_path / "out.parquet"
+    done = subprocess.run(
+        [sys.executable, "-c", script, "import", str(logs), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"COLUMNS": "60", "PATH": "/usr/bin:/bin"},
+    )
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, errors
+    assert len(errors) == 1, errors
+    assert "more than 50 operations" in errors[0]
+    assert not out.exists()

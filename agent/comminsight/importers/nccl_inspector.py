@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from comminsight.importers import EvidenceError, Importer, directory_holds, evidence_files, register
-from comminsight.importers.columns import to_table
+from comminsight.importers.columns import MAX_ROWS, to_table
 from comminsight.importers.normalise import op_name, ops
 
 NAME = "nccl_inspector"
@@ -299,7 +299,15 @@ def load(path: Path) -> pa.Table:
     total = sum(file.stat().st_size for file in files)
     if total > MAX_TOTAL_BYTES:
         raise EvidenceError(f"{path}: {total} bytes of logs is over the {MAX_TOTAL_BYTES}-byte limit for one import")
-    rows = pa.concat_tables([_read(file) for file in files])
+    # Logs are read one at a time and counted as they come: many logs of small records would otherwise
+    # make a table far larger than the memory an import may take.
+    parts, count = [], 0
+    for file in files:
+        parts.append(_read(file))
+        count += parts[-1].num_rows
+        if count > MAX_ROWS:
+            raise EvidenceError(f"{file}: more than {MAX_ROWS} operations in the logs read so far")
+    rows = pa.concat_tables(parts)
     if rows.num_rows == 0:
         raise EvidenceError(f"{path}: no collective or P2P records in the log(s)")
     df = pl.from_arrow(rows)

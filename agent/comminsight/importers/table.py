@@ -42,6 +42,10 @@ from comminsight.importers.columns import MAX_ROWS
 # few compressed kilobytes can describe in gigabytes) is held to a size that keeps memory under 1 GB.
 MAX_BYTES = 256 << 20
 MAX_LABEL_CHARS = 256
+# A CSV table's shape: its values become 8-byte cells (or longer strings), so their number bounds memory.
+MAX_COLUMNS = 256
+MAX_CELLS = 32_000_000
+MAX_HEADER_BYTES = 64 << 10
 
 # Canonical column -> accepted source names (lower case), in preference order.
 COLUMN_ALIASES: dict[str, tuple[str, ...]] = {
@@ -164,15 +168,59 @@ def _read(path: Path) -> pl.DataFrame:
     try:
         if path.suffix.lower() in (".parquet", ".pq"):
             check_parquet_size(path)
-            return pl.read_parquet(path)
-        frame = pl.read_csv(path, infer_schema_length=10000)
+            return _bounded_strings(path, pl.read_parquet(path, columns=_parquet_columns(path)))
+        # Parsing stops one row past what may be read: a file of tiny rows (or many columns) holds far
+        # more cells than its size suggests.
+        limit = _csv_row_limit(path)
+        frame = pl.read_csv(path, infer_schema_length=10000, n_rows=limit + 1)
     except EvidenceError:
         raise
     except Exception as exc:
         raise EvidenceError(f"{path}: cannot read as a table: {exc}") from exc
-    if frame.height > MAX_ROWS:
-        raise EvidenceError(f"{path}: {frame.height} rows is over the limit of {MAX_ROWS} for tables")
+    if frame.height > limit:
+        raise EvidenceError(f"{path}: more than {limit} rows of {frame.width} columns, over the limit for tables")
     return frame
+
+
+def _parquet_columns(path: Path) -> list[str]:
+    """The columns the table is made of, each a plain value: the rest is never decoded, and a nested
+    column (lists, structs) is refused, since its encoded size says nothing of its decoded size."""
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    wanted = set(map_columns(schema.names).values())
+    for field in schema:
+        if field.name in wanted and pa.types.is_nested(field.type):
+            raise EvidenceError(f"{path}: column {field.name!r} holds {field.type}, not plain values")
+    return [name for name in schema.names if name in wanted]
+
+
+def _bounded_strings(path: Path, frame: pl.DataFrame) -> pl.DataFrame:
+    """Refuse text columns that decode to more than MAX_BYTES: Parquet's dictionary encoding stores a
+    long string once for any number of rows, so the footer's sizes cannot bound them."""
+    total = 0
+    for name, dtype in frame.schema.items():
+        column = frame.get_column(name)
+        if dtype == pl.String:  # views onto shared buffers: measured without copying
+            total += int(column.str.len_bytes().sum() or 0)
+        elif isinstance(dtype, pl.Categorical | pl.Enum):  # a dictionary column: each value times its count
+            counts = column.value_counts(name="n").with_columns(pl.col(name).cast(pl.String).str.len_bytes())
+            total += int((counts.get_column(name).cast(pl.Int64) * counts.get_column("n")).sum() or 0)
+        if total > MAX_BYTES:
+            raise EvidenceError(f"{path}: its text decodes to over {MAX_BYTES} bytes, over the limit for tables")
+    return frame
+
+
+def _csv_row_limit(path: Path) -> int:
+    """Rows a CSV table may have: MAX_ROWS, fewer when it is wide (at most MAX_CELLS values in all)."""
+    with path.open("rb") as f:
+        header = f.readline(MAX_HEADER_BYTES + 1)
+    if len(header) > MAX_HEADER_BYTES:
+        raise EvidenceError(f"{path}: a header line longer than {MAX_HEADER_BYTES} bytes")
+    columns = header.count(b",") + 1
+    if columns > MAX_COLUMNS:
+        raise EvidenceError(f"{path}: {columns} columns is over the limit of {MAX_COLUMNS} for tables")
+    return min(MAX_ROWS, MAX_CELLS // columns)
 
 
 def _times_ns(df: pl.DataFrame, column: str, path: Path) -> np.ndarray:
