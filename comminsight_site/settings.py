@@ -86,6 +86,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "comminsight_site.views.UnknownMethodMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -244,14 +245,14 @@ if PRODUCTION:
 # --- API ------------------------------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    # JSON bodies are parsed with a size and depth limit (400 with a reason, never a RecursionError).
-    "DEFAULT_PARSER_CLASSES": [
-        "comminsight_site.parsers.BoundedJSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
+    "DEFAULT_PERMISSION_CLASSES": [
+        "comminsight_site.permissions.MethodAllowed",
+        "rest_framework.permissions.IsAuthenticated",
     ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # The API takes JSON bodies only (views that take other media types say so), parsed with a size and depth
+    # limit (400 with a reason, never a RecursionError) into strict fields (comminsight_site.fields).
+    "DEFAULT_PARSER_CLASSES": ["comminsight_site.parsers.BoundedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"]
     + (["rest_framework.renderers.BrowsableAPIRenderer"] if DEBUG else []),
     "DEFAULT_THROTTLE_RATES": {"ingest": env.str("COMMINSIGHT_INGEST_RATE", default="6000/min")},
@@ -267,6 +268,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Every operation documents the error answers it can give (400/401/403/404).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "comminsight_site.openapi.document_errors",
+    ],
 }
 
 # --- Static files (the Vite build in frontend/dist is one of the sources) ----------------------------------

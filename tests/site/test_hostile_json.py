@@ -181,3 +181,39 @@ def test_the_archive_list_shows_only_your_own_archives(personas, tmp_path, clien
     client.force_login(personas.admin)
     assert [a["id"] for a in client.get("/api/v1/archives/").json()] == [archive.pk]
     assert client.get("/api/v1/archives/?state=nonsense").status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("finished", "yes"), ("finished", 1), ("node", 0), ("workload_id", ["job"]), ("sent_ns", "12"), ("sent_ns", 1.5)],
+)
+def test_a_heartbeat_field_of_the_wrong_type_is_refused_naming_it(agent, field, value):
+    body = {"workload_id": "job-1", "node": "10.0.0.1", "sent_ns": 1, field: value}
+    response = agent.post("/api/v1/ingest/live/", body, content_type="application/json")
+    assert response.status_code == 400
+    assert list(response.json()) == [field]
+
+
+@pytest.mark.parametrize("path", ["/api/v1/workloads/", "/api/v1/users/", "/workloads/", "/api/v1/ingest/live/"])
+@pytest.mark.parametrize("method", ["TRACE", "CONNECT", "BREW"])
+def test_trace_and_unknown_methods_answer_405_in_json(alice, path, method):
+    response = alice.generic(method, path)
+    assert response.status_code == 405
+    assert response.json() == {"detail": f'Method "{method}" not allowed.'}
+
+
+def test_a_method_a_view_lacks_is_405_even_where_the_view_hides_itself(alice):
+    # /api/v1/users/ is a 404 for alice (not an administrator), but PUT is not a method it has at all.
+    assert alice.put("/api/v1/users/", {}, content_type="application/json").status_code == 405
+    assert alice.get("/api/v1/users/").status_code == 404
+
+
+def test_an_unknown_api_path_is_a_json_404(alice):
+    response = alice.get("/api/v1/no-such-thing/")
+    assert response.status_code == 404
+    assert response.json() == {"detail": "Not found."}
+
+
+def test_forms_are_not_taken_where_the_api_documents_json(alice):
+    response = alice.post("/api/v1/agent-tokens/", {"name": "pool"})  # multipart, as a form would send
+    assert response.status_code == 415

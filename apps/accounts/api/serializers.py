@@ -5,9 +5,13 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from apps.accounts.models import AgentToken, User
+from comminsight_site.fields import StrictBooleanField, StrictCharField
 
 
 class UserSerializer(serializers.ModelSerializer):
+    # Empty when unknown: a plain string in answers (``format: email`` would not admit "").
+    email = serializers.CharField(read_only=True, help_text="e-mail address, or empty when unknown")
+
     class Meta:
         model = User
         fields = ["id", "username", "email", "role", "is_active", "date_joined"]
@@ -15,13 +19,13 @@ class UserSerializer(serializers.ModelSerializer):
 
 
 class UserCreateSerializer(serializers.Serializer):
-    username = serializers.CharField(max_length=150)
+    username = StrictCharField(max_length=150)
     email = serializers.EmailField(required=False, default="")
-    password = serializers.CharField(write_only=True, trim_whitespace=False, max_length=300)
+    password = StrictCharField(write_only=True, trim_whitespace=False, max_length=300)
 
 
 class RoleSerializer(serializers.Serializer):
-    admin = serializers.BooleanField(help_text="true grants the administrator role, false revokes it")
+    admin = StrictBooleanField(help_text="true grants the administrator role, false revokes it")
 
 
 class AgentTokenSerializer(serializers.ModelSerializer):
@@ -38,7 +42,7 @@ class AgentTokenSerializer(serializers.ModelSerializer):
 
 
 class AgentTokenCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=100)
+    name = StrictCharField(max_length=100)
 
 
 class AgentTokenIssuedSerializer(AgentTokenSerializer):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from comminsight_site.fields import StrictBooleanField
+
 from ..models import AnalysisJob, AnalysisKind
 
 
@@ -39,4 +41,4 @@ class AnalysisJobSerializer(serializers.ModelSerializer):
 class AnalysisRequestSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=AnalysisKind.choices)
     parameters = serializers.DictField(required=False, default=dict, help_text="kind-specific; see docs/site.md")
-    force = serializers.BooleanField(required=False, default=False, help_text="run again even if a result is current")
+    force = StrictBooleanField(required=False, default=False, help_text="run again even if a result is current")

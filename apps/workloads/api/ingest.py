@@ -20,6 +20,8 @@ from rest_framework.views import APIView
 from apps.accounts.authentication import AgentTokenAuthentication, HasIngestToken
 from apps.workloads import live, uploads
 from apps.workloads.models import Archive, Upload
+from comminsight_site.fields import StrictBooleanField, StrictCharField, StrictIntegerField, StrictRegexField
+from comminsight_site.permissions import MethodAllowed
 
 ArchiveDone = inline_serializer(
     "ArchiveDone",
@@ -41,11 +43,11 @@ StorageFull = inline_serializer(
 
 
 class UploadCreateSerializer(serializers.Serializer):
-    sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
-    size = serializers.IntegerField(min_value=1)
-    filename = serializers.CharField(max_length=255)
-    workload_id = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    node = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    sha256 = StrictRegexField(r"^[0-9a-f]{64}$")
+    size = StrictIntegerField(min_value=1)
+    filename = StrictRegexField(r"^[A-Za-z0-9._-]{1,255}$", max_length=255)
+    workload_id = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
+    node = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
 
 
 class OneShotSerializer(serializers.Serializer):
@@ -54,25 +56,25 @@ class OneShotSerializer(serializers.Serializer):
 
 
 class CommunicatorLiveSerializer(serializers.Serializer):
-    comm_hash = serializers.CharField(max_length=64)
-    nranks = serializers.IntegerField(min_value=0, required=False, default=0)
-    last_completed_seq = serializers.IntegerField(min_value=-1, required=False, default=-1)
-    lagging_ranks = serializers.ListField(child=serializers.IntegerField(), max_length=1 << 16, required=False)
-    inflight = serializers.IntegerField(min_value=0, required=False, default=0)
+    comm_hash = StrictCharField(max_length=64)
+    nranks = StrictIntegerField(min_value=0, required=False, default=0)
+    last_completed_seq = StrictIntegerField(min_value=-1, required=False, default=-1)
+    lagging_ranks = serializers.ListField(child=StrictIntegerField(), max_length=1 << 16, required=False)
+    inflight = StrictIntegerField(min_value=0, required=False, default=0)
     # Members by index inside the communicator: {"<index>": {"global_rank": g, ...}}; lagging_ranks are indices.
     ranks = serializers.DictField(child=serializers.JSONField(), required=False)
 
 
 class HeartbeatSerializer(serializers.Serializer):
-    workload_id = serializers.CharField(max_length=200)
-    node = serializers.CharField(max_length=200)
-    host = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    agent_version = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
-    sent_ns = serializers.IntegerField(min_value=0, required=False)
-    ranks = serializers.ListField(child=serializers.IntegerField(min_value=-1), max_length=1 << 20, required=False)
+    workload_id = StrictCharField(max_length=200)
+    node = StrictCharField(max_length=200)
+    host = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
+    agent_version = StrictCharField(max_length=64, required=False, allow_blank=True, default="")
+    sent_ns = StrictIntegerField(min_value=0, required=False)
+    ranks = serializers.ListField(child=StrictIntegerField(min_value=-1), max_length=1 << 20, required=False)
     communicators = serializers.ListField(child=CommunicatorLiveSerializer(), max_length=100_000, required=False)
     hang = serializers.JSONField(required=False, allow_null=True, default=None)
-    finished = serializers.BooleanField(required=False, default=False)
+    finished = StrictBooleanField(required=False, default=False)
     # Measurements (docs/formats/upload.md, "Live heartbeat"): shapes checked here, values by apps.monitoring,
     # which skips an unusable value with a log line rather than refuse the heartbeat's progress with it.
     steps = serializers.ListField(child=serializers.DictField(), max_length=1 << 16, required=False, allow_null=True)
@@ -112,7 +114,7 @@ def _content_length(request: Request) -> int:
 
 class IngestView(APIView):
     authentication_classes = [AgentTokenAuthentication]
-    permission_classes = [HasIngestToken]
+    permission_classes = [MethodAllowed, HasIngestToken]
     throttle_classes = [ScopedRateThrottle]
     throttle_scope = "ingest"
 

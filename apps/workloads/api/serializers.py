@@ -5,6 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from apps.workloads.models import Archive, ShareLevel, Workload, WorkloadShare
+from comminsight_site.fields import StrictCharField
 
 
 class WorkloadSerializer(serializers.ModelSerializer):
@@ -66,5 +67,5 @@ class ShareSerializer(serializers.ModelSerializer):
 
 
 class ShareRequestSerializer(serializers.Serializer):
-    username = serializers.CharField(max_length=150)
+    username = StrictCharField(max_length=150)
     level = serializers.ChoiceField(choices=ShareLevel.choices, default=ShareLevel.READ)
