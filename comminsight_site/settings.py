@@ -332,6 +332,8 @@ DISCOVERY_INTERVAL_S = env.float("COMMINSIGHT_DISCOVERY_INTERVAL_S", default=30.
 DEFAULT_ARCHIVE_PATH = env.str(
     "COMMINSIGHT_SERVER_ARCHIVE_PATH", default=env.str("COMMINSIGHT_HOME", default="/opt/comminsight")
 )
+# The demo job's timing (apps/workloads/demo.py DemoPlan fields as JSON): tests shorten it for a served site.
+DEMO_PLAN = env.json("COMMINSIGHT_DEMO_PLAN", default={})
 WORKLOAD_LOST_AFTER_S = env.int("COMMINSIGHT_WORKLOAD_LOST_AFTER_S", default=300)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 # Every JSON input (API bodies, archive members) is parsed with these limits (comminsight.formats.boundedjson).

@@ -522,7 +522,8 @@ def publish_job(job: AnalysisJob) -> None:
         )
     except Exception:  # progress is a courtesy: a broken channel layer must not fail the analysis
         logger.exception("could not publish progress of analysis job %s", job.pk)
-    if job.finished:  # the workload list shows Step and Hang counts from results
+    # The workload list shows Step and Hang counts from results; the workload page lists queued jobs.
+    if job.finished or job.state == JobState.QUEUED:
         publish_workload_changed(job.workload_id)
 
 
