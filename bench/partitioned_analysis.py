@@ -6,9 +6,9 @@ communicator and its tensor-parallel group of 8 (sizes 1 KiB-64 MiB); rank 7 sto
 world all-reduce (a hang). Then, in the same run:
 
   - whole:       one process reads every file and runs the analysis (what a single job task did);
-  - partitioned: one fresh process per map task over the partitions the site would plan (hang: whole
-                 ranks up to ``--partition-rows`` rows; perf: whole communicators up to that many rows,
-                 read with a ``comm_id`` filter), then one process for the reduce; with 1 and 2 workers.
+  - partitioned: one map task per partition the site would plan (hang: whole ranks up to
+                 ``--partition-rows`` rows; perf: whole communicators up to that many rows, read with a
+                 ``comm_id`` filter from their members' files), then the reduce; with 1 and 2 workers.
 
 Tasks run in long-lived worker processes, as Celery's are (started and warmed up - libraries imported -
 before the clock starts); a worker's peak RSS over the tasks it ran bounds each of its tasks' peaks, the
@@ -194,10 +194,12 @@ def plan(kind: str, files: list[str], max_rows: int) -> list[tuple[list[str], li
             rows += n
         return [*parts, (current, None)] if current else parts
     counts: dict[str, int] = {}
-    for batch in ds.dataset(files, format="parquet", schema=SCHEMA).to_batches(columns=["comm_id"]):
-        values = pc.value_counts(batch.column(0))
+    holders: dict[str, set[int]] = {}
+    for index, location in enumerate(files):  # which files hold each communicator's rows
+        values = pc.value_counts(pq.read_table(location, columns=["comm_id"]).column(0))
         for value, count in zip(values.field(0).to_pylist(), values.field(1).to_pylist(), strict=True):
             counts[value] = counts.get(value, 0) + count
+            holders.setdefault(value, set()).add(index)
     groups: list[list[str]] = []
     current_comms: list[str] = []
     rows = 0
@@ -208,7 +210,7 @@ def plan(kind: str, files: list[str], max_rows: int) -> list[tuple[list[str], li
         current_comms.append(comm)
         rows += counts[comm]
     groups += [current_comms] if current_comms else []
-    return [(files, g) for g in groups]
+    return [([files[i] for i in sorted(set().union(*(holders[c] for c in g)))], g) for g in groups]
 
 
 def run_partitioned(kind: str, files: list[str], max_rows: int, workers: int, scratch: Path) -> dict[str, Any]:

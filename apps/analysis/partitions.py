@@ -12,7 +12,8 @@ of a node's recording). Each partitioned analysis says which partitions it needs
   ``load_operations``.
 - **perf** — whole communicators (operations are matched across their members): communicators
   packed up to ``ANALYSIS_PARTITION_ROWS`` rows, counted by one streamed pass over the store's
-  ``comm_id`` column; a map task reads its communicators' rows (a filtered scan) and returns
+  ``comm_id`` column, file by file; a map task reads its communicators' rows from the files that
+  hold any (its members' ranks; a filtered scan of those) and returns
   per-communicator medians and per-transfer samples.
 
 ``partitioned_start`` (called by the job's task once it holds a concurrency slot) writes the plan to
@@ -113,25 +114,32 @@ def rank_partitions(files: list[str], max_rows: int) -> list[Partition]:
 
 
 def communicator_partitions(files: list[str], max_rows: int) -> list[Partition]:
-    """Whole communicators packed up to ``max_rows`` rows, counted by one streamed pass over ``comm_id``."""
+    """Whole communicators packed up to ``max_rows`` rows; each partition lists only the files that hold its
+    communicators' rows (its members' ranks), found by one pass over the store's ``comm_id`` column, file by file."""
     counts: dict[str, int] = {}
-    scanner = object_store().dataset(files, schema=SCHEMA).scanner(columns=["comm_id"], batch_size=1 << 20)
-    for batch in scanner.to_batches():
-        values = pc.value_counts(batch.column(0))
-        for value, count in zip(values.field(0).to_pylist(), values.field(1).to_pylist(), strict=True):
-            counts[value] = counts.get(value, 0) + count
+    holders: dict[str, set[int]] = {}
+    dataset = object_store().dataset(files, schema=SCHEMA)
+    for index, fragment in enumerate(dataset.get_fragments()):  # in the order of ``files``
+        for batch in fragment.to_batches(columns=["comm_id"], batch_size=1 << 20):
+            values = pc.value_counts(batch.column(0))
+            for value, count in zip(values.field(0).to_pylist(), values.field(1).to_pylist(), strict=True):
+                counts[value] = counts.get(value, 0) + count
+                holders.setdefault(value, set()).add(index)
     partitions: list[Partition] = []
     current: list[str] = []
     rows = 0
-    every = list(range(len(files)))  # a communicator's rows may be in any file: a filtered scan of all
+
+    def close() -> None:
+        partitions.append(Partition(sorted(set().union(*(holders[c] for c in current))), list(current)))
+
     for comm_id in sorted(counts):
         if current and rows + counts[comm_id] > max_rows:
-            partitions.append(Partition(every, current))
+            close()
             current, rows = [], 0
         current.append(comm_id)
         rows += counts[comm_id]
     if current:
-        partitions.append(Partition(every, current))
+        close()
     return partitions
 
 

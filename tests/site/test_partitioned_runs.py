@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -201,3 +202,19 @@ def test_the_shared_limit_counts_a_chord_in_flight_as_one_running_job(
     first.refresh_from_db()
     assert first.state == JobState.DONE
     assert services.analysis_run(second.pk) == JobState.RUNNING
+
+
+def test_a_perf_partition_reads_only_the_files_of_its_communicators_members(personas, settings, tmp_path):
+    from apps.analysis.partitions import communicator_partitions
+
+    table = megatron_table()
+    files = put_store(personas.workload.pk, table, tmp_path)
+    listed = workload_parquet_files(personas.workload)
+    assert sorted(listed) == sorted(files)
+    frame = pl.from_arrow(table)
+    for part in communicator_partitions(listed, max_rows=400):
+        ranks = frame.filter(pl.col("comm_id").is_in(part.comm_ids)).get_column("rank").unique().sort().to_list()
+        assert [listed[i] for i in part.files] == [
+            f for f in listed if int(f.split("/rank-")[1].split("/")[0]) in ranks
+        ]
+    assert min(len(p.files) for p in communicator_partitions(listed, max_rows=400)) < len(listed)
