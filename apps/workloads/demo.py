@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from apps.accounts.models import User
 from apps.accounts.services import agent_token_create, agent_token_revoke
+from comminsight import lifeline
 
 from .models import Archive, ArchiveState, Workload
 
@@ -141,7 +142,7 @@ def _agent_environment(*, home: Path, server_url: str, secret: str, workload: Wo
             "NODE_IP": DEMO_NODE_IP,
         }
     )
-    return environment
+    return lifeline.child_environment(environment)  # the agent stops (final seal) when this process ends
 
 
 def _wait(condition: Callable[[], bool], timeout_s: float, interval_s: float = 0.5) -> bool:

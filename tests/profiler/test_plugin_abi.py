@@ -216,7 +216,9 @@ def test_agent_autostart_starts_one_detached_agent_holding_the_lock(drive, home,
     (home / "bin").mkdir()
     agent = home / "bin/comminsight-agent"
     # a stand-in agent: records that it ran and its lock fd, then lives a little while
-    agent.write_text(f'#!/bin/sh\necho "$COMMINSIGHT_AGENT_LOCK_FD $$" >> {marker}\nsleep 3\n')
+    agent.write_text(
+        f'#!/bin/sh\necho "$COMMINSIGHT_AGENT_LOCK_FD $$ $COMMINSIGHT_LIFELINE_PID" >> {marker}\nsleep 3\n'
+    )
     agent.chmod(0o755)
     env = env_for(home, COMMINSIGHT_AGENT_AUTOSTART="1", LOCAL_RANK="0")
     drive("ops", "--ops", "1", env=env)
@@ -227,7 +229,11 @@ def test_agent_autostart_starts_one_detached_agent_holding_the_lock(drive, home,
         subprocess.run(["sleep", "0.1"], check=True)
     lines = marker.read_text().splitlines()
     assert len(lines) == 1
-    assert lines[0].split()[0].isdigit()
+    lock_fd, agent_pid, lifeline_pid = lines[0].split()
+    assert lock_fd.isdigit()
+    # The agent's lifeline is the process that started it (it stops once that process has ended).
+    assert lifeline_pid.isdigit()
+    assert lifeline_pid != agent_pid
 
 
 def test_make_install_puts_the_library_under_the_prefix(library, tmp_path):

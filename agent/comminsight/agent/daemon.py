@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from comminsight import lifeline
 from comminsight.agent import AGENT_VERSION
 from comminsight.agent.archiver import Archiver
 from comminsight.agent.cluster import ClusterView
@@ -672,6 +673,9 @@ def run(config: AgentConfig, proc_root: Path = Path("/proc")) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    # Started by a training process (the profiler's autostart) or a tool (the site's demo): when that
+    # process ends, however it ends, stop as on SIGTERM: final seal, last report, delivery.
+    lifeline.watch_parent(signal.SIGTERM)
     try:
         agent.start()
         (config.state_dir / "agent.json").write_text(

@@ -26,6 +26,7 @@ from typing import Any
 
 from comminsight_inject.hook import empty_table, write_table
 
+from comminsight import lifeline
 from comminsight.simulator.abi import load_plugin
 from comminsight.simulator.board import RENDEZVOUS_POLL_S, Aborted, Board, RankStatus
 from comminsight.simulator.driver import ProfilerDriver
@@ -273,6 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     The parent has already put the launcher environment (RANK, LOCAL_RANK, COMMINSIGHT_HOME ...) in
     this process's environment, so the plugin sees it from its first call.
     """
+    lifeline.watch_parent()  # ends with the runner, even when the runner is killed outright
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         sys.stderr.write("usage: python -m comminsight.simulator.rank SPEC.json\n")

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from comminsight import lifeline
 from comminsight.simulator.board import Board, RankStatus
 from comminsight.simulator.plan import (
     SETUP_STEP,
@@ -115,7 +116,24 @@ def run_simulation(
     if any(isinstance(f, Hang | Crash) for f in config.faults) and stall_s >= 2 and PLUGIN_HANG_ENV not in rank_env:
         # Let the plugin write its in-flight timeout evidence before the run is ended (it counts whole seconds).
         rank_env[PLUGIN_HANG_ENV] = str(max(1, int(stall_s // 2)))
-    processes = []
+    processes: list[subprocess.Popen] = []
+    # A SIGTERM/SIGINT/SIGHUP to this process ends the ranks first, then this process.
+    with lifeline.ForwardSignals(lambda: processes):
+        return _run(config, plan, plugin_path, home_path, workdir, board, board_path, rank_env, processes, on_progress)
+
+
+def _run(
+    config: SimulationConfig,
+    plan: Plan,
+    plugin_path: Path,
+    home_path: Path,
+    workdir: Path,
+    board: Board,
+    board_path: Path,
+    rank_env: dict[str, str],
+    processes: list[subprocess.Popen],
+    on_progress: Callable[[Progress], None] | None,
+) -> SimulationResult:
     started = time.monotonic()
     started_ns = time.time_ns()
     for rank in range(config.ranks):
@@ -125,7 +143,10 @@ def run_simulation(
         spec_path = workdir / f"rank-{rank:05d}.spec.json"
         spec_path.write_text(spec.to_json())
         # Each rank is a fresh interpreter with its own launcher environment, loading the plugin itself.
-        environment = {**os.environ, **rank_env, **rank_environment(config, rank, str(home_path))}
+        # The rank ends with this process, however it ends (comminsight.lifeline).
+        environment = lifeline.child_environment(
+            {**os.environ, **rank_env, **rank_environment(config, rank, str(home_path))}
+        )
         with open(workdir / f"rank-{rank:05d}.log", "wb") as output:
             processes.append(
                 subprocess.Popen(

@@ -6,7 +6,9 @@
  * is alive and nothing happens. Otherwise the agent is started fully
  * detached (fork, setsid, fork again, stdio on /dev/null, other fds closed)
  * and inherits the locked descriptor (COMMINSIGHT_AGENT_LOCK_FD), so the lock
- * lives exactly as long as the agent. Off with COMMINSIGHT_AGENT_AUTOSTART=0;
+ * lives exactly as long as the agent. COMMINSIGHT_LIFELINE_PID names this
+ * process: the agent stops cleanly (final seal) once it has ended, however it
+ * ended (comminsight.lifeline). Off with COMMINSIGHT_AGENT_AUTOSTART=0;
  * a missing binary is a warning. Runs at init, never on the event path.
  */
 #include <errno.h>
@@ -36,7 +38,7 @@ void ci_autostart_agent(const ci_config* cfg) {
     if (!cfg->agent_autostart || local_rank() != 0) return;
     if (atomic_exchange(&attempted, 1)) return; /* once per process */
 
-    char bin[CI_PATH_MAX + 32], lock[CI_PATH_MAX + 32], fdvar[48];
+    char bin[CI_PATH_MAX + 32], lock[CI_PATH_MAX + 32], fdvar[48], lifevar[48];
     snprintf(bin, sizeof(bin), "%s/bin/comminsight-agent", cfg->home);
     snprintf(lock, sizeof(lock), "%s/agent.lock", cfg->home);
     if (access(bin, X_OK) != 0) {
@@ -54,19 +56,24 @@ void ci_autostart_agent(const ci_config* cfg) {
         return;
     }
     snprintf(fdvar, sizeof(fdvar), "COMMINSIGHT_AGENT_LOCK_FD=%d", fd);
+    /* the agent's lifeline (comminsight.lifeline): it stops, with a final seal, once this process ends */
+    snprintf(lifevar, sizeof(lifevar), "COMMINSIGHT_LIFELINE_PID=%d", (int)getpid());
 
     /* everything the child needs is prepared before fork: after it only async-signal-safe calls */
     size_t n = 0;
     while (environ[n] != NULL) n++;
-    char** envp = calloc(n + 2, sizeof(char*));
+    char** envp = calloc(n + 3, sizeof(char*));
     if (envp == NULL) {
         close(fd);
         return;
     }
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (strncmp(environ[i], "COMMINSIGHT_AGENT_LOCK_FD=", 26) != 0) envp[k++] = environ[i];
+        if (strncmp(environ[i], "COMMINSIGHT_AGENT_LOCK_FD=", 26) != 0 &&
+            strncmp(environ[i], "COMMINSIGHT_LIFELINE_PID=", 25) != 0)
+            envp[k++] = environ[i];
     envp[k++] = fdvar;
+    envp[k++] = lifevar;
     envp[k] = NULL;
     char* argv[] = {bin, NULL};
     long maxfd = sysconf(_SC_OPEN_MAX);

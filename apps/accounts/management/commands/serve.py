@@ -26,6 +26,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
 from apps.accounts import services
+from comminsight import lifeline
 
 
 def daphne_endpoint(listen: str) -> str:
@@ -76,7 +77,8 @@ class Command(BaseCommand):
         parser.add_argument("--inherit-fd", action="append", default=[], help=argparse.SUPPRESS)
 
     def handle(self, *args: object, **options: object) -> None:
-        if options["inherit_fd"]:
+        if options["inherit_fd"]:  # a worker of run_workers: it ends with its parent, even a killed one
+            lifeline.watch_parent()
             run_daphne([f"{ADOPT}:{fd}:{domain}" for fd, domain in map(_fd_spec, options["inherit_fd"])])
             return
         workers = int(options["workers"])
@@ -184,7 +186,9 @@ def run_workers(count: int, sockets: list[socket.socket]) -> None:
     """Start ``count`` Daphne workers on ``sockets``; stop them all on SIGTERM/SIGINT or when one dies."""
     specs = [f"{s.fileno()}:{'INET6' if s.family == socket.AF_INET6 else 'INET'}" for s in sockets]
     command = [sys.executable, "-m", "django", "serve", *(arg for spec in specs for arg in ("--inherit-fd", spec))]
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "")}
+    env = lifeline.child_environment(
+        {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "")}
+    )
     fds = tuple(s.fileno() for s in sockets)
     children = [subprocess.Popen(command, cwd=settings.BASE_DIR, env=env, pass_fds=fds) for _ in range(count)]
     stopping = threading.Event()
