@@ -279,8 +279,8 @@ def architecture_option() -> dict[str, Any]:
         ("Browser\n(live over WebSockets)", 900, -90, "#0e7090"),
     ]
     links = [
-        (0, 1, "shared-memory ring,\nraw logs"),
-        (1, 3, "upload + heartbeats\n(agent token)"),
+        (0, 1, "ring,\nraw logs"),
+        (1, 3, "uploads,\nheartbeats"),
         (1, 2, "sealed archives"),
         (2, 3, "discovery"),
         (3, 4, "jobs"),
@@ -294,15 +294,24 @@ def architecture_option() -> dict[str, Any]:
                 "type": "graph",
                 "layout": "none",
                 "symbol": "roundRect",
-                "symbolSize": [170, 50],
-                "left": 100,
-                "right": 100,
+                # Boxes narrow enough that the labels between them stay readable in a page-wide card.
+                "symbolSize": [140, 48],
+                "left": 80,
+                "right": 80,
                 "top": 40,
                 "bottom": 40,
-                "label": {"show": True, "color": "#fff", "fontSize": 12, "lineHeight": 16},
+                "label": {"show": True, "color": "#fff", "fontSize": 11, "lineHeight": 15},
                 "edgeSymbol": ["none", "arrow"],
                 "edgeSymbolSize": 9,
-                "edgeLabel": {"show": True, "formatter": "{c}", "fontSize": 11, "color": "#475467"},
+                "edgeLabel": {
+                    "show": True,
+                    "formatter": "{c}",
+                    "fontSize": 11,
+                    "lineHeight": 14,
+                    "color": "#475467",
+                    "backgroundColor": "#fff",
+                    "padding": [1, 3],
+                },
                 "lineStyle": {"color": "#98a2b3", "width": 1.5},
                 "data": [
                     {"name": name, "x": x, "y": y, "itemStyle": {"color": colour}} for name, x, y, colour in boxes
