@@ -24,6 +24,9 @@ from comminsight.simulator.tracegen import Fault, GeneratedJob, Layout, generate
 LAYOUTS = {
     "64 GPUs TP4xPP4xDP4": Layout(tp=4, pp=4, dp=4),
     "128 GPUs DP32xPP2xCP2": Layout(pp=2, dp=32, cp=2),
+    # Context-parallel collectives once passed for data-parallel ones (the table had no CP
+    # coordinate): the FSDP template matched and period detection cut three steps per step.
+    "128 GPUs TP4xPP2xDP8xCP2": Layout(tp=4, pp=2, dp=8, cp=2),
     "64 GPUs DP8xPP8, 8 micro-batches": Layout(pp=8, dp=8, microbatches=8),
     "16 GPUs DP8xPP2, short optimizer, long backward": Layout(pp=2, dp=8, optimizer_ms=1.0, backward_ms=30.0),
 }

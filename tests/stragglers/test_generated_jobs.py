@@ -166,6 +166,15 @@ def test_removing_or_restoring_any_subset_never_reads_as_a_speed_up(tmp_path: Pa
     assert group["compute_ratio"] > group["communication_ratio"]
 
 
+def test_context_parallel_groups_are_attributed_like_the_other_coordinates(tmp_path: Path) -> None:
+    job, _ = _job("128 GPUs DP32xPP2xCP2, backward of stage 1 1.4x slower")
+    report = analyse_stragglers(_read_back(job, tmp_path))
+    assert sorted(e["subset"] for e in report.attribution["cp"]) == ["0", "1"]
+    assert set(report.by_coordinate["cp"]) == {"0", "1"}
+    # Half of each CP group sits in the slow stage: neither CP group is the cause.
+    assert [g["group"] for g in report.culprit_groups] == ["pp=1"]
+
+
 def test_the_late_ranks_tensor_parallel_partner_is_not_named(tmp_path: Path) -> None:
     job, _ = _job("8 GPUs, rank 1 late by 3% of the step before its TP all-reduce")
     report = analyse_stragglers(_read_back(job, tmp_path))

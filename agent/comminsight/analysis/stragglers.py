@@ -40,7 +40,7 @@ import pyarrow as pa
 from comminsight.semantic.matching import match_operations
 from comminsight.semantic.roles import infer_roles
 
-COORDS = ("dp_rank", "pp_rank", "tp_rank")
+COORDS = ("dp_rank", "pp_rank", "tp_rank", "cp_rank")
 NOISE_MULTIPLE = 3.0  # a culprit saves at least this many times the typical rank's saving
 REPLAY_BUDGET = 64 << 20  # bytes of event x scenario arrays per replay chunk
 NOISE_SAMPLE = 24  # single ranks replayed again in later culprit rounds, for the noise bar

@@ -81,6 +81,7 @@ SCHEMA = pa.schema(
         _field("dp_rank", pa.int32(), doc="Data-parallel coordinate when known"),
         _field("pp_rank", pa.int32(), doc="Pipeline stage when known"),
         _field("tp_rank", pa.int32(), doc="Tensor-parallel coordinate when known"),
+        _field("cp_rank", pa.int32(), doc="Context-parallel (DSP) coordinate when known"),
         _field("record_id", pa.int64(), doc="Source record number, for tracing back"),
         _field("source", pa.string(), nullable=False, doc="Importer: rawlog, archive, flight_recorder, kineto, ..."),
     ],

@@ -68,12 +68,13 @@ COLUMN_ALIASES: dict[str, tuple[str, ...]] = {
     "dp_rank": ("dp_rank", "dp", "data_parallel_rank"),
     "pp_rank": ("pp_rank", "pp", "stage", "pp_stage", "pipeline_stage"),
     "tp_rank": ("tp_rank", "tp", "tensor_parallel_rank"),
+    "cp_rank": ("cp_rank", "cp", "context_parallel_rank", "dsp_rank"),
     "node": ("node", "node_ip"),
     "host": ("host", "hostname"),
 }
 _REQUIRED = ("rank", "op", "start")
 _UNIT_NS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
-_COORDS = ("dp_rank", "pp_rank", "tp_rank")
+_COORDS = ("dp_rank", "pp_rank", "tp_rank", "cp_rank")
 # End-time agreement that makes a group synchronising: ends spread at most this share of starts.
 SYNC_RATIO = 0.2
 SYNC_FLOOR_NS = 20_000  # end spreads below this are clock noise, not a different group

@@ -38,7 +38,7 @@ _DESC_KEYWORDS = (
     ("world", "world"),
     ("global", "world"),
 )
-_COORD_ROLE = {"dp_rank": "dp", "pp_rank": "pp", "tp_rank": "tp"}
+_COORD_ROLE = {"dp_rank": "dp", "pp_rank": "pp", "tp_rank": "tp", "cp_rank": "cp"}
 
 
 def role_from_desc(desc: str | None) -> str | None:
