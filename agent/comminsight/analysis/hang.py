@@ -89,8 +89,8 @@ def _analyze(table: pa.Table | pl.DataFrame, silence_s: float) -> dict[str, Any]
     grid = gather.collective_streams(per_rank, members, sorted(evidence_ranks))
     stuck = gather.stuck_streams(grid)
     near = gather.open_rows(coll, stuck)
-    at = gather.ops_at(near, stuck)
-    mism = gather.mismatches(near, at)
+    at = gather.ops_at(near)
+    mism = gather.mismatches(near)
     p2p, p2p_ops = gather.pending_p2p(rest)
 
     # Representative op/shape/dtype at each blocking seq: the most common among the ranks there.

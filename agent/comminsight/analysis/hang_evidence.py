@@ -269,27 +269,29 @@ def stuck_streams(grid: pl.DataFrame) -> pl.DataFrame:
 
 def open_rows(coll: pl.DataFrame, stuck: pl.DataFrame) -> pl.DataFrame:
     """The collective rows everything after the aggregation reads, in one scan: real operations not
-    completed, and those at a sequence some stuck stream blocks at. Usually a small part of the rows."""
-    at_blocking = pl.col("seq").is_in(stuck.get_column("seq").unique().implode())
-    return coll.filter((pl.col("op") != PROGRESS_OP) & ((pl.col("state") != "completed") | at_blocking))
-
-
-def ops_at(near: pl.DataFrame, stuck: pl.DataFrame) -> pl.DataFrame:
-    """Rows at each stuck stream's blocking seq (for its op, shape and dtype); ``near`` from open_rows."""
+    completed, and those at a sequence some stuck stream blocks at; ``at_block`` marks the rows at
+    their own stream's blocking sequence. Usually a small part of the rows."""
     keys = ["comm_id", "seq_kind", "sop", "seq"]
-    return near.join(stuck.select(keys), on=keys, how="semi")
+    at_blocking = pl.col("seq").is_in(stuck.get_column("seq").unique().implode())
+    near = coll.filter((pl.col("op") != PROGRESS_OP) & ((pl.col("state") != "completed") | at_blocking))
+    blocking = stuck.select(*keys, pl.lit(True).alias("at_block"))  # one blocking seq per stream
+    return near.join(blocking, on=keys, how="left").with_columns(pl.col("at_block").fill_null(False))
 
 
-def mismatches(near: pl.DataFrame, at: pl.DataFrame) -> pl.DataFrame:
+def ops_at(near: pl.DataFrame) -> pl.DataFrame:
+    """Rows at each stuck stream's blocking seq (for its op, shape and dtype); ``near`` from open_rows."""
+    return near.filter(pl.col("at_block"))
+
+
+def mismatches(near: pl.DataFrame) -> pl.DataFrame:
     """(stream, seq) where ranks disagree on op, dtype or (for size-bound ops) element count.
 
     Checked where it can explain a hang: at sequences some rank has not completed and at each
     stuck stream's blocking sequence. Completed history is not re-checked (it is most of the data).
-    ``near`` holds those rows (open_rows), ``at`` the ones at blocking sequences.
+    ``near`` holds those rows and more (open_rows).
     """
     keys = ["comm_id", "seq_kind", "sop", "seq"]
-    pending = near.filter(pl.col("state") != "completed")
-    coll = pl.concat([pending, at]).unique(subset=["_row"])
+    coll = near.filter((pl.col("state") != "completed") | pl.col("at_block"))
     # Cheap first pass over rows; the per-rank signatures below only for the flagged groups.
     # More than one distinct value <=> min != max (nulls ignored), without a hash set per group.
     rough = coll.group_by(keys).agg(
