@@ -32,6 +32,7 @@ import io
 import json
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,9 +248,44 @@ def _read(files: list[str], comm_ids: list[str] | None, columns: list[str] | Non
     return dataset.to_table(columns=columns, filter=where)
 
 
+def _samples_by_rank(locations: list[str]) -> Iterator[pl.DataFrame]:
+    """Every partition's perf samples, a range of ranks at a time (about ``ANALYSIS_PARTITION_ROWS`` rows each):
+    the ranges come from the files' Parquet statistics, each is read with a filter on ``rank``."""
+    if not locations:
+        return
+    store = object_store()
+    low, high, rows = None, None, 0
+    for location in locations:
+        with store.open_input(location) as handle:
+            meta = pq.ParquetFile(handle).metadata
+        rows += meta.num_rows
+        column = meta.schema.names.index("rank")
+        for g in range(meta.num_row_groups):
+            stats = meta.row_group(g).column(column).statistics
+            if stats is None or not stats.has_min_max:
+                low, high = None, None  # no statistics: one chunk of everything
+                break
+            low = stats.min if low is None else min(low, stats.min)
+            high = stats.max if high is None else max(high, stats.max)
+        else:
+            continue
+        break
+    dataset = store.dataset(locations)
+    if low is None or high is None or rows == 0:
+        yield pl.from_arrow(dataset.to_table())  # type: ignore[misc]
+        return
+    span = high - low + 1
+    width = max(1, settings.ANALYSIS_PARTITION_ROWS * span // rows)
+    for start in range(low, high + 1, width):
+        where = (pc.field("rank") >= start) & (pc.field("rank") < start + width)
+        chunk = pl.from_arrow(dataset.to_table(filter=where))
+        assert isinstance(chunk, pl.DataFrame)
+        yield chunk
+
+
 def partition_reduce(job_id: int, attempt: int) -> dict[str, Any] | None:
     """Merge the run's summaries into the job's report; None when the run is over (cancelled, failed, stale)."""
-    from comminsight.analysis.partitioned import hang_reduce, perf_reduce
+    from comminsight.analysis.partitioned import hang_reduce, perf_reduce_by_rank
 
     job = _current(job_id, attempt)
     if job is None:
@@ -260,12 +296,10 @@ def partition_reduce(job_id: int, attempt: int) -> dict[str, Any] | None:
     present = set(store.list(prefix, suffix=".parquet"))
     params = dict(job.parameters)
     if job.kind == AnalysisKind.PERF:
-        parts = []
-        for i in range(count):
-            groups = f"{prefix}/part-{i:06d}-groups.parquet"
-            if store.location(groups) in present:
-                parts.append((_read_frame(groups), _read_frame(f"{prefix}/part-{i:06d}-samples.parquet")))
-        return perf_reduce(parts, slow_fraction=params["slow_fraction"])
+        done = [i for i in range(count) if store.location(f"{prefix}/part-{i:06d}-groups.parquet") in present]
+        groups = [_read_frame(f"{prefix}/part-{i:06d}-groups.parquet") for i in done]
+        samples = [store.location(f"{prefix}/part-{i:06d}-samples.parquet") for i in done]
+        return perf_reduce_by_rank(groups, _samples_by_rank(samples), slow_fraction=params["slow_fraction"])
     tails = [_read_frame(f"{prefix}/part-{i:06d}-tail.parquet") for i in range(count)]
     merged = pa.concat_tables([t.to_arrow().cast(SCHEMA) for t in tails if t.height] or [SCHEMA.empty_table()])
     with workload_metadata_dir(job.workload) as tables:

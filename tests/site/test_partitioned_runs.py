@@ -7,6 +7,7 @@ progress counts finished map tasks over Channels; a map task that fails is retri
 
 from __future__ import annotations
 
+import io
 import sys
 import time
 from pathlib import Path
@@ -218,3 +219,24 @@ def test_a_perf_partition_reads_only_the_files_of_its_communicators_members(pers
             f for f in listed if int(f.split("/rank-")[1].split("/")[0]) in ranks
         ]
     assert min(len(p.files) for p in communicator_partitions(listed, max_rows=400)) < len(listed)
+
+
+def test_the_perf_merge_reads_the_samples_a_range_of_ranks_at_a_time(each_storage_backend, settings):
+    from apps.analysis.partitions import _samples_by_rank
+
+    store = object_store()
+    samples = pl.DataFrame({"rank": list(range(40)) * 5, "busbw": [1.0] * 200}).cast({"rank": pl.Int32})
+    locations = []
+    for i, part in enumerate((samples[:120], samples[120:])):
+        buffer = io.BytesIO()
+        part.write_parquet(buffer)
+        locations.append(
+            store.write_bytes(f"analysis-runs/job-0/attempt-1/part-{i}-samples.parquet", buffer.getvalue())
+        )
+    settings.ANALYSIS_PARTITION_ROWS = 50
+    chunks = list(_samples_by_rank(locations))
+    assert len(chunks) == 4
+    ranks = [set(c.get_column("rank").to_list()) for c in chunks]
+    assert all(not (a & b) for i, a in enumerate(ranks) for b in ranks[i + 1 :])  # disjoint
+    assert sum(c.height for c in chunks) == 200
+    assert all(c.height <= 50 for c in chunks)

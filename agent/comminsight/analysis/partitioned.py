@@ -17,8 +17,8 @@ the reduce holds summaries, not the job's rows.
   operations are matched across members. ``perf_map`` returns the exact per-(communicator, op,
   size) medians and, per transfer, the five numbers the per-rank and per-link medians need;
   ``perf_reduce`` takes the reference bandwidths from the groups and the medians from those
-  samples. The samples are one small row per transfer: the reduce's memory grows with the job's
-  transfers (about 30 bytes each), not with its partitions.
+  samples; ``perf_reduce_by_rank`` does the same holding one range of ranks' samples at a time
+  (every sample of a rank is needed for its median), so the merge's memory is the groups plus one range.
 """
 
 from __future__ import annotations
@@ -145,3 +145,18 @@ def perf_reduce(
     groups = pl.concat([g for g, _ in present], how="vertical_relaxed")
     samples = pl.concat([s for _, s in present], how="vertical_relaxed")
     return perf_report(groups, samples, slow_fraction, min_samples)
+
+
+def perf_reduce_by_rank(
+    groups: Iterable[pl.DataFrame],
+    sample_chunks: Iterable[pl.DataFrame],
+    slow_fraction: float = 0.5,
+    min_samples: int = 3,
+) -> dict[str, Any]:
+    """``perf_reduce`` holding one chunk of samples at a time: ``sample_chunks`` each carry every sample of
+    a disjoint set of ranks (all partitions' samples of those ranks), so the merge's memory is the
+    per-communicator groups plus one chunk."""
+    frames = list(groups)
+    if not frames:  # no partition had an operation with a payload
+        return dict(NO_PAYLOAD)
+    return perf_report(pl.concat(frames, how="vertical_relaxed"), sample_chunks, slow_fraction, min_samples)

@@ -13,6 +13,8 @@ numbers that put it there.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -84,8 +86,17 @@ def rank_samples(ev: pl.DataFrame) -> pl.DataFrame:
     return ev.select("rank", "op", "bucket", "n", "busbw", "peer")
 
 
-def perf_report(groups: pl.DataFrame, samples: pl.DataFrame, slow_fraction: float = 0.5, min_samples: int = 3) -> dict:
-    """The report from per-communicator groups (``bandwidth_groups``) and per-transfer samples (``rank_samples``)."""
+def perf_report(
+    groups: pl.DataFrame,
+    samples: pl.DataFrame | Iterable[pl.DataFrame],
+    slow_fraction: float = 0.5,
+    min_samples: int = 3,
+) -> dict:
+    """The report from per-communicator groups (``bandwidth_groups``) and per-transfer samples (``rank_samples``).
+
+    ``samples`` is one frame, or frames that each hold every sample of their ranks (disjoint sets of ranks):
+    per-rank and per-link figures are then computed one frame at a time, with the same result.
+    """
     table_rows = (
         groups.with_columns(
             reference_busbw_gbs=pl.col("busbw_gbs")
@@ -97,27 +108,36 @@ def perf_report(groups: pl.DataFrame, samples: pl.DataFrame, slow_fraction: floa
         .sort("op", "bucket", "comm_id")
     )
     slow_comms = table_rows.filter((pl.col("samples") >= min_samples) & (pl.col("efficiency") < slow_fraction))
-    # Ranks: a rank's transfers against the same reference, over all its collectives.
     ref = table_rows.select("op", "bucket", "n", "reference_busbw_gbs").unique(["op", "bucket", "n"])
+    rank_parts, link_parts = [], []
+    for chunk in [samples] if isinstance(samples, pl.DataFrame) else samples:
+        # Ranks: a rank's transfers against the same reference, over all its collectives.
+        rank_parts.append(
+            chunk.join(ref, on=["op", "bucket", "n"], how="left")
+            .with_columns(eff=pl.col("busbw") / pl.col("reference_busbw_gbs"))
+            .group_by("rank")
+            .agg(samples=pl.len(), median_efficiency=pl.col("eff").median())
+        )
+        # Links: P2P transfers with a known peer, per (rank, peer); a link's samples are its receiver's.
+        # The receiving side measures a transfer (a send may return once its data is handed off).
+        p2p = chunk.filter((pl.col("op") == "recv") & pl.col("peer").is_not_null())
+        if p2p.height:
+            link_parts.append(
+                p2p.with_columns(src=pl.col("peer"), dst=pl.col("rank"))
+                .group_by("src", "dst", "bucket")
+                .agg(samples=pl.len(), busbw_gbs=pl.col("busbw").median())
+            )
     per_rank = (
-        samples.join(ref, on=["op", "bucket", "n"], how="left")
-        .with_columns(eff=pl.col("busbw") / pl.col("reference_busbw_gbs"))
-        .group_by("rank")
-        .agg(samples=pl.len(), median_efficiency=pl.col("eff").median())
-        .filter(pl.col("samples") >= min_samples)
-        .sort("median_efficiency")
+        pl.concat(rank_parts, how="vertical_relaxed").filter(pl.col("samples") >= min_samples).sort("median_efficiency")
+        if rank_parts
+        else pl.DataFrame()
     )
-    slow_ranks = per_rank.filter(pl.col("median_efficiency") < slow_fraction)
-    # Links: P2P transfers with a known peer, per (rank, peer).
-    # The receiving side measures a transfer (a send may return once its data is handed off).
-    p2p = samples.filter((pl.col("op") == "recv") & pl.col("peer").is_not_null())
+    slow_ranks = per_rank.filter(pl.col("median_efficiency") < slow_fraction) if rank_parts else per_rank
     links = pl.DataFrame()
     slow_links = pl.DataFrame()
-    if p2p.height:
+    if link_parts:
         links = (
-            p2p.with_columns(src=pl.col("peer"), dst=pl.col("rank"))
-            .group_by("src", "dst", "bucket")
-            .agg(samples=pl.len(), busbw_gbs=pl.col("busbw").median())
+            pl.concat(link_parts, how="vertical_relaxed")
             .with_columns(reference_busbw_gbs=pl.col("busbw_gbs").max().over("bucket"))
             .with_columns(efficiency=pl.col("busbw_gbs") / pl.col("reference_busbw_gbs"))
             .sort("efficiency")
