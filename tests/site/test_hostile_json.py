@@ -217,3 +217,19 @@ def test_an_unknown_api_path_is_a_json_404(alice):
 def test_forms_are_not_taken_where_the_api_documents_json(alice):
     response = alice.post("/api/v1/agent-tokens/", {"name": "pool"})  # multipart, as a form would send
     assert response.status_code == 415
+
+
+def test_in_the_embedded_mode_a_deeply_nested_archive_is_stored_then_quarantined_not_a_500(
+    personas, agent, tmp_path, django_capture_on_commit_callbacks
+):
+    """Without a broker the ingest runs inside the upload's request (eager tasks): it must still end in a
+    quarantine with a reason, and the upload in a 201."""
+    from tests.site.archives import sha256_of
+
+    path = hostile_json_archive(tmp_path, "deep-manifest")
+    with django_capture_on_commit_callbacks(execute=True), path.open("rb") as handle:
+        response = agent.post("/api/v1/ingest/archives/", {"file": handle, "sha256": sha256_of(path)})
+    assert response.status_code == 201
+    archive = Archive.objects.get(pk=response.json()["archive_id"])
+    assert archive.state == ArchiveState.QUARANTINED
+    assert archive.reason == "manifest.json nests deeper than 16 levels"

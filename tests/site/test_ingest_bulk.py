@@ -48,3 +48,59 @@ def test_a_rank_seen_again_moves_to_the_node_that_reports_it(personas):
         3: "a",
         4: "b",
     }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_archive_being_ingested_holds_up_no_other_archive_of_its_workload(personas, tmp_path, monkeypatch):
+    """Node A's archive is paused while it publishes (reading and converting are done, nothing committed);
+    node B's archive of the same workload is ingested meanwhile: no row lock of A's attempt is in its way."""
+    import threading
+
+    from django.db import connection
+
+    from apps.workloads import ingest
+    from apps.workloads.models import Archive, ArchiveState
+    from tests.site.archives import sha256_of, valid_archive
+
+    def stored(path):  # the row only: no task runs it before the test does
+        return Archive.objects.create(
+            sha256=sha256_of(path), size=path.stat().st_size, filename=path.name, owner=personas.alice, path=str(path)
+        )
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = stored(valid_archive(tmp_path / "a", ranks=(0, 1)))
+    second = stored(valid_archive(tmp_path / "b", node="10.0.0.2", ranks=(2, 3)))
+    publishing, resume = threading.Event(), threading.Event()
+    real_publish = ingest._publish
+
+    def publish(staged, workload, archive):
+        if archive.pk == first.pk:
+            publishing.set()
+            resume.wait(timeout=120)
+        return real_publish(staged, workload, archive)
+
+    monkeypatch.setattr(ingest, "_publish", publish)
+    outcome = {}
+
+    def run(archive_id: int) -> None:
+        try:
+            outcome[archive_id] = ingest.archive_ingest(archive_id)
+        finally:
+            connection.close()
+
+    paused = threading.Thread(target=run, args=(first.pk,))
+    paused.start()
+    try:
+        assert publishing.wait(timeout=120)
+        other = threading.Thread(target=run, args=(second.pk,))
+        other.start()
+        other.join(timeout=120)
+        assert outcome.get(second.pk) == ArchiveState.INGESTED  # while the first is still in the middle
+    finally:
+        resume.set()
+        paused.join(timeout=120)
+    assert outcome[first.pk] == ArchiveState.INGESTED
+    workload = Workload.objects.get(owner=personas.alice, external_id="job-7")
+    assert sorted(workload.ranks.values_list("rank", flat=True)) == [0, 1, 2, 3]
+    assert workload.communicators.get().ranks == [0, 1, 2, 3]
