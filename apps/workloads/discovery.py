@@ -14,7 +14,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db.models import Q
+from django.utils import timezone
 
 from apps.accounts.models import Role, User
 
@@ -108,6 +110,31 @@ def discovery_scan(archive_path: Path | str | None = None) -> DiscoveryScan:
     return scan
 
 
+LAST_SCAN_KEY = "discovery:last-scan"
+
+
 def discover_archives() -> int:
-    """Register every new archive under the discovery root; return how many were new (the periodic task)."""
-    return len(discovery_scan().queued)
+    """Register every new archive under the discovery root; return how many were new (the periodic task).
+
+    What the scan saw is kept (in the cache, shared by every worker) for System Settings' background jobs.
+    """
+    started = timezone.now()
+    scan = discovery_scan()
+    summary = {
+        "at": started.isoformat(),
+        "root": str(scan.root or ""),
+        "queued": len(scan.queued),
+        "known": len(scan.known),
+        "skipped": len(scan.skipped),
+        "problem": scan.problem,
+    }
+    cache.set(LAST_SCAN_KEY, summary, timeout=None)
+    return len(scan.queued)
+
+
+def discovery_last_scan() -> dict | None:
+    """The periodic scan's last summary (``at`` as a datetime), or None before the first one."""
+    summary = cache.get(LAST_SCAN_KEY)
+    if not summary:
+        return None
+    return {**summary, "at": datetime.fromisoformat(summary["at"])}

@@ -19,7 +19,7 @@ from apps.analysis.services import analysis_cancel
 from comminsight_site.charts import topology_option
 
 from .demo import DemoError, demo_start_in_background
-from .discovery import discovery_root
+from .discovery import discovery_last_scan, discovery_root
 from .ingest import workload_parquet_files
 from .models import Archive, ArchiveState, ShareLevel, SystemSettings, Workload
 from .selectors import (
@@ -267,6 +267,8 @@ def system_settings(request: HttpRequest) -> HttpResponse:
         "scan_dir_exists": bool(root and root.is_dir()),
         "jobs": background_jobs()[:200],
         "waiting_archives": waiting.order_by("created_at")[:200],
+        "last_scan": discovery_last_scan(),
+        "discovery_interval_s": settings.DISCOVERY_INTERVAL_S,
         "now": timezone.now(),
     }
     return render(request, "workloads/settings.html", context, status=status)

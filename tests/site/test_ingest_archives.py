@@ -231,6 +231,28 @@ def test_discovery_ignores_symlinks_and_a_missing_path(personas, tmp_path):
     assert not Archive.objects.exists()
 
 
+def test_system_settings_show_what_the_last_discovery_scan_saw(client, personas, settings, tmp_path, data_dir):
+    from django.core.cache import cache
+
+    from apps.workloads.discovery import LAST_SCAN_KEY
+
+    cache.delete(LAST_SCAN_KEY)
+    settings.DEFAULT_ARCHIVE_PATH = str(tmp_path / "shared")
+    client.force_login(personas.admin)
+    assert "No scan has run yet" in client.get("/settings/").content.decode()
+    discover_archives()
+    page = client.get("/settings/").content.decode()
+    assert "0 new, 0 known, 0 skipped" in page
+    assert "comminsight/02_archives is not a directory" in page
+    drop = tmp_path / "shared" / "comminsight" / "02_archives" / "job-7" / "n1"
+    drop.mkdir(parents=True)
+    valid_archive(drop)
+    discover_archives()
+    page = client.get("/settings/").content.decode()
+    assert "1 new, 0 known, 0 skipped." in page
+    assert "not a directory" not in page
+
+
 def test_changing_the_archive_path_moves_nothing(client, personas, tmp_path):
     shared = tmp_path / "shared"
     drop = shared_archive_dir(shared)
