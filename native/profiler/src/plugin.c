@@ -89,8 +89,14 @@ static inline ci_op* as_op(const ci_runtime* rt, const void* p) {
     return (ci_op*)p;
 }
 
+/* Threads inside tls_give_back: the last finalize waits for them to leave before it returns, since NCCL
+   may dlclose the library right after (a thread that began exiting before the key was deleted can be
+   waiting for g_init_lock in here while finalize holds it; unmapping the code under it crashed the process). */
+static _Atomic int g_exits_in_progress;
+
 static void tls_give_back(void* unused) {
     (void)unused;
+    atomic_fetch_add_explicit(&g_exits_in_progress, 1, memory_order_relaxed);
     pthread_mutex_lock(&g_init_lock);
     if (ci_rt != NULL && tls_gen == ci_rt->generation)
         for (uint32_t i = 0; i < tls_n; i++) ci_pool_give_back(&ci_rt->pool, tls_slots[i]);
@@ -98,6 +104,8 @@ static void tls_give_back(void* unused) {
     if (ci_rt != NULL && tls_ring_gen == ci_rt->generation && tls_ring != NULL) ci_pool_ring_leave(tls_ring);
     tls_ring = NULL;
     pthread_mutex_unlock(&g_init_lock);
+    /* release: this thread is done with the library's data; only the return below is left */
+    atomic_fetch_sub_explicit(&g_exits_in_progress, 1, memory_order_release);
 }
 
 
@@ -422,11 +430,17 @@ static ncclResult_t ci_finalize(void* ctx) {
     if (ctx == NULL) return 0;
     pthread_mutex_lock(&g_init_lock);
     if (ci_rt != NULL) ci_writer_finalize_comm(ci_rt, (ci_comm*)ctx);
+    int last = 0;
     if (--g_live_comms <= 0) {
         g_live_comms = 0;
         runtime_stop(); /* joins the writer: NCCL may dlclose us next */
+        last = 1;
     }
     pthread_mutex_unlock(&g_init_lock);
+    /* the key is deleted, so no thread starts tls_give_back any more; let those already in it leave
+       (they only wait for the lock released above) before NCCL can unload the library */
+    struct timespec pause = {0, 100000};
+    while (last && atomic_load_explicit(&g_exits_in_progress, memory_order_acquire) != 0) nanosleep(&pause, NULL);
     return 0;
 }
 
