@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from django import forms
 from django.conf import settings
 from django.contrib import messages
@@ -97,6 +99,15 @@ def workload_detail(request: HttpRequest, workload_id: int) -> HttpResponse:
     return render(request, "workloads/detail.html", context)
 
 
+def _group_label(fact: dict) -> str:
+    communicator = fact["communicator"]
+    return (communicator.comm_name if communicator and communicator.comm_name else "") or str(fact["comm_id"])
+
+
+def _natural_key(text: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
 @login_required
 @require_GET
 def workload_topology(request: HttpRequest, workload_id: int) -> HttpResponse:
@@ -109,6 +120,8 @@ def workload_topology(request: HttpRequest, workload_id: int) -> HttpResponse:
     facts = workload_nccl_facts(workload_parquet_files(workload))
     for fact in facts:
         fact["communicator"] = names.get(fact["comm_id"])
+    # Groups in the order people name them (dp0, dp1 … dp10, pp0 …), the busiest choice of each group first.
+    facts.sort(key=lambda fact: (_natural_key(_group_label(fact)), -fact["ops"]))
     ranks = [
         {
             "rank": rank,

@@ -93,6 +93,29 @@ def test_topology_gives_each_rank_its_tp_pp_dp_coordinates_and_a_picture(persona
     assert 'data-chart="topology-chart"' in response.content.decode()
 
 
+def test_topology_lists_what_nccl_chose_per_group_in_name_order(personas, data_dir):
+    import pyarrow as pa
+
+    from tests.site.analysis_tables import hung_table, write_store
+
+    _megatron_members(personas.workload)
+    table = hung_table(ranks=4, ops=4)
+    groups = ["0x0000000000000008", "0x0000000000000001", "0x0000000000000004", "0x0000000000000000"]  # dp0 tp1 pp0 tp0
+    table = table.set_column(
+        table.schema.get_field_index("comm_id"), "comm_id", pa.array([groups[i % 4] for i in range(len(table))])
+    )
+    for name, value in (("algo", "Ring"), ("proto", "Simple"), ("n_channels", 2)):
+        column = pa.array([value] * len(table), type=table.schema.field(name).type)
+        table = table.set_column(table.schema.get_field_index(name), name, column)
+    write_store(data_dir, personas.workload.pk, table)
+    response = signed_in(personas.alice).get(
+        reverse("workloads:topology", kwargs={"workload_id": personas.workload.pk})
+    )
+    facts = response.context["facts"]
+    assert [fact["communicator"].comm_name for fact in facts] == ["dp0", "pp0", "tp0", "tp1"]
+    assert {(fact["algo"], fact["proto"], fact["max_channels"]) for fact in facts} == {("Ring", "Simple", 2)}
+
+
 def test_list_shows_steps_and_hangs_from_the_newest_results(personas):
     AnalysisJob.objects.create(
         workload=personas.workload,
