@@ -80,6 +80,13 @@ JOBS: dict[str, tuple[Layout, tuple[Fault, ...], dict]] = {
         (Fault("compute", {"pp": 3}, factor=1.4, phase="backward"),),
         {"group": "pp=3"},
     ),
+    # Its TP coordinate group (64 ranks) sums enough jitter to look as slow as it: the rank that
+    # saves most of what the group saves is named, not the group.
+    "128 GPUs TP2xPP4xDP16, rank 1 late by 3% of the step before its TP all-reduce": (
+        PIPELINE_128,
+        (Fault("late", {"rank": 1}, delay_ms=_late_by(PIPELINE_128, 0.03), before="tp-all-reduce"),),
+        {"group": "rank=1"},
+    ),
     "128 GPUs DP32xPP2xCP2, rank 1 late by 3% of the step before its backward": (
         CP_128,
         (Fault("late", {"rank": 1}, delay_ms=_late_by(CP_128, 0.03), before="backward-compute"),),
