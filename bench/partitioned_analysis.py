@@ -162,16 +162,19 @@ def map_task(kind: str, files: list[str], comm_ids: list[str] | None, out: str) 
 
 def reduce_task(kind: str, outs: list[str]) -> tuple[str, float, float]:
     def work() -> str:
-        from comminsight.analysis.partitioned import hang_reduce, perf_reduce
+        from comminsight.analysis.partitioned import hang_reduce, perf_reduce_by_rank
 
         if kind == "hang":
             report = hang_reduce(pl.read_parquet(f"{o}-tail.parquet") for o in outs)
-        else:
-            report = perf_reduce(
-                (pl.read_parquet(f"{o}-groups.parquet"), pl.read_parquet(f"{o}-samples.parquet"))
-                for o in outs
-                if Path(f"{o}-groups.parquet").exists()
+        else:  # as the site merges: the samples a range of ranks at a time (64 ranks here)
+            done = [o for o in outs if Path(f"{o}-groups.parquet").exists()]
+            samples = pl.scan_parquet([f"{o}-samples.parquet" for o in done])
+            high = samples.select(pl.col("rank").max()).collect().item()
+            chunks = (
+                samples.filter((pl.col("rank") >= lo) & (pl.col("rank") < lo + 64)).collect()
+                for lo in range(0, high + 1, 64)
             )
+            report = perf_reduce_by_rank([pl.read_parquet(f"{o}-groups.parquet") for o in done], chunks)
         return json.dumps(report, default=str)
 
     return _timed(work)
