@@ -99,6 +99,19 @@ def workload_detail(request: HttpRequest, workload_id: int) -> HttpResponse:
     return render(request, "workloads/detail.html", context)
 
 
+def _topology_height(ranks: list[dict]) -> int:
+    """Pixels for the topology picture. A grid (rows: pipeline stages, columns: TP ranks of each DP replica, as
+    comminsight_site.charts lays it out) keeps its aspect ratio, so the box follows it at a card's usual width
+    (about 840 px); other layouts are a circle."""
+    if not ranks or not all(r["pp"] or r["dp"] for r in ranks):
+        return 140 + 110 * max([1] + [r["pp"][1] + 1 for r in ranks if r["pp"]])
+    stages = max(r["pp"][1] if r["pp"] else 0 for r in ranks)
+    replicas = max(r["dp"][1] if r["dp"] else 0 for r in ranks)
+    tp_size = max(r["tp"][1] if r["tp"] else 0 for r in ranks) + 1
+    width = max(replicas * (tp_size + 0.8) * 70 + (tp_size - 1) * 70, 1.0)
+    return int(min(900, max(220, 110 + 840 * stages * 90 / width)))
+
+
 def _group_label(fact: dict) -> str:
     communicator = fact["communicator"]
     return (communicator.comm_name if communicator and communicator.comm_name else "") or str(fact["comm_id"])
@@ -138,8 +151,7 @@ def workload_topology(request: HttpRequest, workload_id: int) -> HttpResponse:
         "communicators": communicators,
         "facts": facts,
         "has_coordinates": any(r["tp"] or r["pp"] or r["dp"] for r in ranks),
-        # Rows of the picture: pipeline stages when known (the graph fills the box it is given).
-        "chart_height": 140 + 110 * max([1] + [r["pp"][1] + 1 for r in ranks if r["pp"]]),
+        "chart_height": _topology_height(ranks),
         "chart": topology_option(
             rank_nodes=rank_nodes,
             communicators=[{"comm_name": c.comm_name, "ranks": c.ranks} for c in communicators],
