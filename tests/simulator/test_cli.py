@@ -64,7 +64,7 @@ def test_a_missing_plugin_is_reported_without_side_effects(tmp_path: Path) -> No
     result = runner.invoke(app, ["simulate", "run", "-o", str(home), "--plugin", str(tmp_path / "nope.so")])
 
     assert result.exit_code == 2
-    assert "No profiler plugin found" in result.output
+    assert f"profiler plugin {tmp_path / 'nope.so'} does not exist" in result.output
     assert not home.exists()
 
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 import typer
 
 from comminsight.cli import agent, analyze, export, importer, inject, logs, simulate
+from comminsight.cli.errors import OneLineErrors
 
 app = typer.Typer(
     name="comminsight",
+    cls=OneLineErrors,  # every error one line on stderr, whatever the terminal width
     help="Diagnose hangs, stragglers and failures in distributed GPU training.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,

@@ -13,7 +13,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(help="Run and inspect the node agent.", no_args_is_help=True)
+from comminsight.cli.errors import OneLineErrors, fail
+
+app = typer.Typer(help="Run and inspect the node agent.", no_args_is_help=True, cls=OneLineErrors)
 
 
 @app.command("run")
@@ -86,8 +88,7 @@ def status_command(
             comms = client.get(base + "/api/v1/communicators").json()["communicators"]
             hang = client.get(base + "/api/v1/hang").json()
     except (httpx.HTTPError, ValueError, KeyError) as exc:
-        console.print(f"[red]no agent answering at {base}[/red]: {exc}")
-        raise typer.Exit(1) from exc
+        fail(f"no agent answering at {base}: {exc}", code=1)
     if as_json:
         typer.echo(json.dumps({"status": status, "communicators": comms, "hang": hang}, indent=1))
         return

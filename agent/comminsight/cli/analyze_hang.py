@@ -12,6 +12,7 @@ from rich.console import Console
 
 from comminsight.analysis.hang import analyze_hang
 from comminsight.analysis.hang_report import render_text
+from comminsight.cli.errors import fail
 from comminsight.cli.importer import load_evidence
 from comminsight.evidence.process_groups import naming_of
 from comminsight.importers import EvidenceError
@@ -29,12 +30,10 @@ def hang_command(
     silence_s: float = typer.Option(60.0, help="A rank silent this long before the last event 'stopped reporting'"),
 ) -> None:
     """Find the stuck communicators and the ranks where progress stopped first."""
-    err = Console(stderr=True)
     try:
         table = load_evidence(path, input_format)
     except EvidenceError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        fail(exc)
     report = analyze_hang(table, silence_s=silence_s)
     naming = naming_of(table)
     if naming is not None:

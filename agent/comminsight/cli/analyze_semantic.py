@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from comminsight.cli.errors import fail
 from comminsight.cli.importer import load_evidence
 from comminsight.importers import EvidenceError
 
@@ -31,13 +32,11 @@ def _load(path: Path, input_format: str | None) -> pl.DataFrame:
         with err.status(f"loading {path}"):
             table = load_evidence(path, input_format)
     except EvidenceError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(exc)
     df = pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
     if df.height == 0:
-        err.print(f"[red]error:[/red] {path}: no operations")
-        raise typer.Exit(2)
+        fail(f"{path}: no operations")
     return df
 
 
@@ -66,15 +65,13 @@ def steps_command(
     try:
         templates = [load_template(p) for p in template] + builtin_templates()
     except TemplateError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(exc)
     calibration = None
     if calibrate:
         try:
             k, n = (int(x) for x in calibrate.split(":"))
         except ValueError:
-            err.print("[red]error:[/red] --calibrate takes K:N, two whole numbers")
-            raise typer.Exit(2) from None
+            fail("--calibrate takes K:N, two whole numbers")
         calibration = StepCalibration.from_pair(k, n)
     df = _load(path, input_format)
     if ignore_labels:

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from comminsight import importers
+from comminsight.cli.errors import fail
 from comminsight.export import perfetto
 
 app = typer.Typer(help="Export evidence to other tools (Perfetto).", no_args_is_help=True)
@@ -24,7 +25,6 @@ def export_perfetto(
     try:
         table = importers.load(path, fmt)
     except importers.EvidenceError as exc:
-        _err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        fail(exc)
     events = perfetto.write_trace(table, output)
     _err.print(f"wrote {events} trace events for {table.num_rows} operations to {output}")

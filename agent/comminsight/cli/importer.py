@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from comminsight.cli.errors import fail
 from comminsight.evidence import SCHEMA_VERSION, conform
 from comminsight.importers import EvidenceError, detect, importers, load
 
@@ -94,11 +95,9 @@ def import_command(
             progress.update(task, description=f"writing {table.num_rows} operations to {output}")
             write_parquet(table, output)
     except EvidenceError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        fail(exc)
     except OSError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        fail(exc)
     elapsed = time.perf_counter() - started
     ranks = pc.count_distinct(table.column("rank")).as_py() if table.num_rows else 0
     err.print(f"wrote {table.num_rows} operations from {ranks} rank(s) ({name}) to {output} in {elapsed:.2f}s")

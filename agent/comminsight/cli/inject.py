@@ -10,7 +10,8 @@ import json
 import typer
 from comminsight_inject import installer
 from comminsight_inject.__main__ import describe_status
-from rich.console import Console
+
+from comminsight.cli.errors import fail
 
 app = typer.Typer(
     help="Install the PyTorch import hook that names communicators into a workload's Python environment.",
@@ -20,8 +21,7 @@ PYTHON = typer.Option(None, "--python", help="The workload's interpreter (defaul
 
 
 def _fail(exc: installer.InstallError) -> None:
-    Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    fail(exc)
 
 
 @app.command("install")

@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from comminsight.cli.errors import fail
 from comminsight.formats import rawlog
 
 app = typer.Typer(help="Read the profiler's raw logs and shared-memory rings.", no_args_is_help=True)
@@ -129,8 +130,7 @@ def show(
         files = rawlog.segment_files(path)
         segments = [rawlog.read_any(f) for f in files]
     except (rawlog.RawLogError, OSError) as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from exc
+        fail(exc)
     tables = [s.table for s in segments if s.table.num_rows]
     records = pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
     view = operations_view(records)

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from comminsight.cli.errors import fail
 from comminsight.simulator.board import RankStatus
 from comminsight.simulator.plan import (
     Crash,
@@ -215,8 +216,9 @@ def run_command(
         extra.setdefault("COMMINSIGHT_AGENT_AUTOSTART", "1")
     plugin_path = plugin or default_plugin_path()
     if plugin_path is None or not plugin_path.is_file():
-        console.print("[red]No profiler plugin found:[/] build it with `make -C native/profiler` or pass --plugin.")
-        raise typer.Exit(2)
+        if plugin is not None:
+            fail(f"profiler plugin {plugin} does not exist")
+        fail("no profiler plugin found: build it with `make -C native/profiler` or pass --plugin")
 
     total = config.ranks * config.steps
     with Progress(
@@ -244,8 +246,7 @@ def run_command(
             )
         except FileExistsError as error:
             progress.stop()
-            console.print(f"[red]{error}[/] (pass --reuse-home to mix runs)")
-            raise typer.Exit(2) from None
+            fail(f"{error} (pass --reuse-home to mix runs)")
         truth = result.ground_truth
         progress.update(task, completed=sum(r["steps_completed"] for r in truth["ranks"]), status="finished")
 
@@ -258,8 +259,7 @@ def run_command(
     typer.echo(str(result.ground_truth_path))
     failed = [r["rank"] for r in truth["ranks"] if r["outcome"] == "failed"]
     if failed:
-        console.print(f"[red]Ranks {failed} failed; see {result.home / 'simulator'}/rank-*.log[/]")
-        raise typer.Exit(1)
+        fail(f"ranks {failed} failed; see {result.home / 'simulator'}/rank-*.log", code=1)
 
 
 @app.command("plan")
