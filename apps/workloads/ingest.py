@@ -414,6 +414,23 @@ def _quarantine(archive: Archive, reason: str) -> None:
     logger.warning("archive %s quarantined: %s", archive.sha256[:12], reason)
 
 
+INGEST_CANCELLED = "Ingest cancelled by "
+
+
+def archive_queued_cancel(archive_id: int, by: str) -> bool:
+    """Quarantine an archive waiting for ingest with the reason "Ingest cancelled by <by>." (its owner sees it;
+    the bytes are kept, uploaded ones under ``quarantine/`` like any refused archive). Only an archive no attempt
+    holds (no ``lease_owner``: never claimed, or waiting for a retry) is cancelled: a running attempt publishes
+    its output before it commits, so it is left to finish. Once quarantined, every later attempt skips it
+    (``_claim`` answers its state). False when it was not waiting (being ingested, ingested, quarantined)."""
+    with transaction.atomic():
+        archive = Archive.objects.select_for_update().filter(pk=archive_id).first()
+        if archive is None or archive.state != ArchiveState.STORED or archive.lease_owner:
+            return False
+        _quarantine(archive, f"{INGEST_CANCELLED}{by}.")
+    return True
+
+
 class _Claim:
     """One ingest attempt's hold on an archive (``lease_owner``), renewed by a thread while the attempt runs."""
 

@@ -7,13 +7,15 @@ Every page, API view, download and websocket subscription starts from it, so "no
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from datetime import datetime
 
 from django.contrib.auth.models import AnonymousUser
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery, Sum
 
 from apps.accounts.models import User
 
-from .models import Archive, ArchiveState, Communicator, ShareLevel, Workload, WorkloadShare
+from .models import Archive, ArchiveSource, ArchiveState, Communicator, ShareLevel, Workload, WorkloadShare
 
 _DIMENSION = re.compile(r"^(tp|pp|dp|cp|ep|mp)[-_]?(\d*)$", re.IGNORECASE)
 
@@ -74,6 +76,69 @@ def troubled_archives_visible_to(user: User | AnonymousUser) -> QuerySet[Archive
     troubled = Q(state=ArchiveState.QUARANTINED) | (Q(state=ArchiveState.STORED) & ~Q(reason=""))
     archives = Archive.objects.filter(troubled).select_related("owner")
     return archives if user.is_site_admin else archives.filter(owner=user)
+
+
+@dataclass(frozen=True)
+class BackgroundTask:
+    """One queued, running or failed piece of background work the site started (System Settings)."""
+
+    kind: str  # "analysis" or "ingest"
+    pk: int  # the AnalysisJob's or the Archive's
+    title: str  # "Hang analysis", "Ingest (upload)", "Ingest (discovered)"
+    subject: str  # the workload's name, or the archive's file name
+    workload_id: int | None
+    state: str  # "queued", "running" or "failed"
+    reason: str  # why it failed, or why a queued ingest waits for a retry
+    created_at: datetime
+    owner: str  # who asked for the analysis, whose archive it is
+
+    @property
+    def cancellable(self) -> bool:
+        return self.state == "queued" or (self.kind == "analysis" and self.state == "running")
+
+
+def background_tasks(limit: int = 200) -> list[BackgroundTask]:
+    """Every queued, running or failed background task the site started, newest first, read from the database
+    (not from the broker): analysis jobs, and archive ingests — uploaded or found by discovery — waiting
+    (``queued``; after a failed attempt the reason says why), held by an attempt (``running``) or quarantined
+    (``failed``). For administrators only (the caller checks)."""
+    from apps.analysis.selectors import background_jobs  # apps.analysis reads workloads: imported when used
+
+    tasks = [
+        BackgroundTask(
+            kind="analysis",
+            pk=job.pk,
+            title=f"{job.get_kind_display()} analysis",
+            subject=job.workload.name,
+            workload_id=job.workload_id,
+            state=job.state,
+            reason=job.error,
+            created_at=job.created_at,
+            owner=job.created_by.username if job.created_by else "",
+        )
+        for job in background_jobs()[:limit]
+    ]
+    archives = Archive.objects.filter(state__in=[ArchiveState.STORED, ArchiveState.QUARANTINED])
+    for archive in archives.select_related("owner", "workload").order_by("-created_at")[:limit]:
+        if archive.state == ArchiveState.QUARANTINED:
+            state = "failed"
+        else:
+            state = "running" if archive.lease_owner else "queued"
+        tasks.append(
+            BackgroundTask(
+                kind="ingest",
+                pk=archive.pk,
+                title=f"Ingest ({'discovered' if archive.source == ArchiveSource.DISCOVERY else 'upload'})",
+                subject=archive.filename,
+                workload_id=archive.workload_id,
+                state=state,
+                reason=archive.reason,
+                created_at=archive.created_at,
+                owner=archive.owner.username,
+            )
+        )
+    tasks.sort(key=lambda task: task.created_at, reverse=True)
+    return tasks[:limit]
 
 
 def workload_rank_coordinates(communicators: list[Communicator]) -> dict[int, dict[str, tuple[int, int]]]:

@@ -23,7 +23,7 @@ from django.utils import timezone
 from apps.accounts.models import User
 from comminsight.evidence.schema import conform
 
-from .ingest import ManifestFacts
+from .ingest import ManifestFacts, archive_queued_cancel
 from .models import Archive, ArchiveSource, ShareLevel, Workload, WorkloadShare
 from .selectors import workload_can_manage
 
@@ -71,6 +71,14 @@ def workload_delete(*, actor: User, workload: Workload) -> None:
     """Delete a workload the actor may manage (see ``workload_remove`` for what goes with it)."""
     _require_manage(actor, workload)
     workload_remove(workload, by=actor.username)
+
+
+def archive_ingest_cancel(*, actor: User, archive: Archive) -> bool:
+    """Administrators cancel an archive's queued ingest (System Settings): it is quarantined with the reason
+    "Ingest cancelled by <administrator>." and no worker ingests it. False when it was not waiting for ingest."""
+    if not actor.is_site_admin:
+        raise WorkloadPermissionDenied("Only administrators cancel background jobs.")
+    return archive_queued_cancel(archive.pk, actor.username)
 
 
 def workload_remove(workload: Workload, *, by: str) -> None:

@@ -14,4 +14,5 @@ urlpatterns = [
     path("workloads/<int:workload_id>/delete/", views.workload_delete_page, name="delete"),
     path("settings/", views.system_settings, name="settings"),
     path("settings/jobs/<int:job_id>/cancel/", views.background_job_cancel, name="job_cancel"),
+    path("settings/ingests/<int:archive_id>/cancel/", views.ingest_cancel, name="ingest_cancel"),
 ]

@@ -16,15 +16,16 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from apps.accounts.models import User
 from apps.analysis.models import AnalysisJob
-from apps.analysis.selectors import background_jobs, workloads_analysis_counts
+from apps.analysis.selectors import workloads_analysis_counts
 from apps.analysis.services import analysis_cancel
 from comminsight_site.charts import topology_option
 
 from .demo import DemoError, demo_start_in_background
 from .discovery import discovery_last_scan, discovery_root
 from .ingest import workload_parquet_files
-from .models import Archive, ArchiveState, ShareLevel, SystemSettings, Workload
+from .models import Archive, ShareLevel, SystemSettings, Workload
 from .selectors import (
+    background_tasks,
     troubled_archives_visible_to,
     workload_can_manage,
     workload_nccl_facts,
@@ -32,7 +33,7 @@ from .selectors import (
     workloads_visible_to,
     workloads_with_counts,
 )
-from .services import WorkloadError, workload_delete, workload_share, workload_unshare
+from .services import WorkloadError, archive_ingest_cancel, workload_delete, workload_share, workload_unshare
 
 
 def _connect_hint(request: HttpRequest) -> dict[str, str]:
@@ -285,13 +286,11 @@ def system_settings(request: HttpRequest) -> HttpResponse:
             return redirect("workloads:settings")
         status = 400
     root = discovery_root(row)
-    waiting = Archive.objects.filter(state=ArchiveState.STORED).select_related("owner", "workload")
     context = {
         "form": form,
         "scan_dir": root,
         "scan_dir_exists": bool(root and root.is_dir()),
-        "jobs": background_jobs()[:200],
-        "waiting_archives": waiting.order_by("created_at")[:200],
+        "tasks": background_tasks(),
         "last_scan": discovery_last_scan(),
         "discovery_interval_s": settings.DISCOVERY_INTERVAL_S,
         "now": timezone.now(),
@@ -310,4 +309,20 @@ def background_job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
         messages.success(request, f"{job.get_kind_display()} of {job.workload.name} cancelled.")
     else:
         messages.info(request, "That job had already finished.")
+    return redirect("workloads:settings")
+
+
+@login_required
+@require_POST
+def ingest_cancel(request: HttpRequest, archive_id: int) -> HttpResponse:
+    """Administrators cancel an archive's queued ingest (it is quarantined, bytes kept); others: 404."""
+    if not request.user.is_site_admin:
+        raise Http404
+    archive = get_object_or_404(Archive, pk=archive_id)
+    if archive_ingest_cancel(actor=request.user, archive=archive):
+        messages.success(
+            request, f"Ingest of {archive.filename} cancelled: {archive.owner.username} sees it quarantined."
+        )
+    else:
+        messages.info(request, "That archive was not waiting for ingest (being ingested, ingested or quarantined).")
     return redirect("workloads:settings")

@@ -73,8 +73,11 @@ def test_administrator_sets_shared_concurrency_sees_background_jobs_and_reads_ab
     live_server, page, personas, artifacts
 ):
     from apps.analysis.models import AnalysisJob
-    from apps.workloads.models import SystemSettings
+    from apps.workloads.models import Archive, SystemSettings
 
+    archive = Archive.objects.create(
+        sha256="cd" * 32, size=10, filename="waiting.tar.zst", owner=personas.alice, path="archives/waiting"
+    )
     job = AnalysisJob.objects.create(
         workload=personas.workload, kind="hang", parameters_key="x", created_by=personas.bob
     )
@@ -90,6 +93,12 @@ def test_administrator_sets_shared_concurrency_sees_background_jobs_and_reads_ab
     assert "cancelled" in page.inner_text(".messages")
     job.refresh_from_db()
     assert job.state == "failed"
+    assert "waiting.tar.zst" in page.inner_text("#background-jobs tr[data-kind=ingest]")
+    page.click("#background-jobs tr[data-kind=ingest] button:has-text('Cancel')")
+    assert "Ingest of waiting.tar.zst cancelled" in page.inner_text(".messages")
+    assert "Ingest cancelled by admin." in page.inner_text("#background-jobs tr[data-kind=ingest]")
+    archive.refresh_from_db()
+    assert archive.state == "quarantined"
 
     page.click("nav >> text=About")
     page.wait_for_selector("[data-chart='architecture-chart'][data-chart-ready]")

@@ -66,6 +66,17 @@ def alice_job(p) -> dict:
     return {"workload_id": p.workload.pk, "job_id": p.job.pk}
 
 
+def alice_archive(p) -> dict:
+    """An archive of alice's waiting for ingest (created on first use in a test)."""
+    from apps.workloads.models import Archive
+
+    if not hasattr(p, "archive"):
+        p.archive = Archive.objects.create(
+            sha256="cd" * 32, size=10, filename="a.tar.zst", owner=p.alice, path="archives/missing"
+        )
+    return {"archive_id": p.archive.pk}
+
+
 def chunk_headers(p) -> dict:
     import hashlib
 
@@ -167,6 +178,10 @@ MATRIX: dict[str, list[Case]] = {
     "workloads:job_cancel": [
         Case("post", statuses(302, 302, 302, 302, 404, 404, 404), kwargs=lambda p: {"job_id": alice_job(p)["job_id"]}),
         Case("get", statuses(302, 302, 405, 405, 405, 405, 405), kwargs=lambda p: {"job_id": alice_job(p)["job_id"]}),
+    ],
+    "workloads:ingest_cancel": [
+        Case("post", statuses(302, 302, 302, 302, 404, 404, 404), kwargs=alice_archive),
+        Case("get", statuses(302, 302, 405, 405, 405, 405, 405), kwargs=alice_archive),
     ],
     "api-workload-archives": [
         Case(
