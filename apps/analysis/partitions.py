@@ -16,13 +16,20 @@ of a node's recording). Each partitioned analysis says which partitions it needs
   hold any (its members' ranks; a filtered scan of those) and returns
   per-communicator medians and per-transfer samples.
 
+- **steps** — whole ranks, as hang, in two stages (``comminsight.analysis.partitioned``): stage 1's map
+  tasks return what their ranks tell the others (communicator roles, the collective instances they
+  saw, their point-to-point rows) and its reduce merges that into the job's roles and every event's
+  waiting (``links``); stage 2's map tasks run the step engine over their ranks with those, and the
+  last reduce concatenates the per-(rank, step) summaries into the report of the whole table.
+
 ``partitioned_start`` (called by the job's task once it holds a concurrency slot) writes the plan to
-the object store and queues the chord: one ``map_partition`` task per partition, on any worker,
-then ``reduce_partitions``. Tasks carry (job id, attempt, partition index); summaries go to the
-object store under ``analysis-runs/job-<id>/attempt-<n>/``, never into the broker. The job stays
-*running* for the whole chord, so the shared concurrency limit counts it once; each finished map
-task advances ``partitions_done`` and is published over Channels. A failing map task is retried
-on its own (its summary is simply written again); a run that was cancelled, failed or superseded
+the object store and queues the chord: one ``map_partition`` task per partition, on any worker, then
+``reduce_partitions`` (which queues the next stage's chord, if any). Tasks carry (job id, attempt,
+partition index, stage); summaries go to the object store under ``analysis-runs/job-<id>/attempt-<n>/``,
+never into the broker. The job stays *running* for the whole run (every stage), so the shared
+concurrency limit counts it once; each finished map task advances ``partitions_done`` (out of
+``partitions``: the map tasks of every stage) and is published over Channels. A failing map task is
+retried on its own (its summary is simply written again); a run that was cancelled, failed or superseded
 by a newer attempt is ignored by its remaining tasks.
 """
 
@@ -54,7 +61,11 @@ from .models import AnalysisJob, AnalysisKind, JobState
 
 logger = logging.getLogger(__name__)
 
-PARTITIONED_KINDS = (AnalysisKind.HANG, AnalysisKind.PERF)
+PARTITIONED_KINDS = (AnalysisKind.HANG, AnalysisKind.PERF, AnalysisKind.STEPS)
+STAGES = {AnalysisKind.STEPS: 2}  # chords in a row (1 when not listed)
+RANK_PARTITIONED = (AnalysisKind.HANG, AnalysisKind.STEPS)  # whole ranks: their rows need the store's members
+NO_OPERATIONS = "no operations have been ingested for this workload yet"
+MAX_STEP_RANK_DETAILS = 200_000  # step x rank objects kept in a stored steps result; beyond, summaries only
 PERF_COLUMNS = [
     "rank",
     "comm_id",
@@ -163,8 +174,13 @@ def plan_partitions(kind: str, files: list[str]) -> list[Partition]:
     return rank_partitions(files, max_rows)
 
 
+def stages(kind: str) -> int:
+    return STAGES.get(kind, 1)
+
+
 def partitioned_start(job: AnalysisJob, files: list[str], fingerprint: str) -> int:
-    """Plan ``job``'s partitions (its current attempt) and record how many; return the count."""
+    """Plan ``job``'s partitions (its current attempt) and record how many map tasks it runs; return the
+    partitions per stage."""
     partitions = plan_partitions(job.kind, files)
     plan = {
         "fingerprint": fingerprint,
@@ -173,14 +189,15 @@ def partitioned_start(job: AnalysisJob, files: list[str], fingerprint: str) -> i
     }
     store = object_store()
     store.delete_prefix(runs_prefix(job.pk))  # summaries of earlier attempts
-    if job.kind == AnalysisKind.HANG:
+    if job.kind in RANK_PARTITIONED:
         # A rank partition lacks the other ranks' rows that say who holds a P2P peer: one pass over the store.
         members = pl.from_arrow(store_communicator_members(files))
         assert isinstance(members, pl.DataFrame)
         _write_frame(f"{_run_prefix(job.pk, job.attempts)}/members.parquet", members)
     store.write_bytes(f"{_run_prefix(job.pk, job.attempts)}/plan.json", json.dumps(plan).encode())
-    AnalysisJob.objects.filter(pk=job.pk).update(partitions=len(partitions), partitions_done=0)
-    job.partitions, job.partitions_done = len(partitions), 0
+    tasks = len(partitions) * stages(job.kind)
+    AnalysisJob.objects.filter(pk=job.pk).update(partitions=tasks, partitions_done=0)
+    job.partitions, job.partitions_done = tasks, 0
     return len(partitions)
 
 
@@ -211,9 +228,19 @@ def _read_frame(key: str) -> pl.DataFrame:
     return pl.read_parquet(io.BytesIO(store.read_bytes(store.location(key))))
 
 
-def partition_map(job_id: int, attempt: int, index: int) -> bool:
-    """Summarise partition ``index`` of the job's run ``attempt`` into the object store; False: nothing to do
-    (the run is over). Idempotent: a retry writes the same summary again."""
+def _rank_rows(job: AnalysisJob, files: list[str], attempt: int) -> pa.Table:
+    """A partition of whole ranks as the whole-table run reads them: decoded with the store's members, named."""
+    members = _read_frame(f"{_run_prefix(job.pk, attempt)}/members.parquet").to_arrow()
+    rows = finish(_read(files, None, None), members)
+    if job.kind == AnalysisKind.HANG:
+        return rows  # the reduce names the tails
+    with workload_metadata_dir(job.workload) as tables:
+        return operations_named(rows, tables)
+
+
+def partition_map(job_id: int, attempt: int, index: int, stage: int = 1) -> bool:
+    """Summarise partition ``index`` for ``stage`` of the job's run ``attempt`` into the object store; False:
+    nothing to do (the run is over). Idempotent: a retry writes the same summary again."""
     from comminsight.analysis.partitioned import hang_tail, perf_map
 
     job = _current(job_id, attempt)
@@ -223,7 +250,9 @@ def partition_map(job_id: int, attempt: int, index: int) -> bool:
     spec = plan["partitions"][index]
     files, comm_ids = [plan["files"][i] for i in spec["files"]], spec["comm_ids"]
     prefix = f"{_run_prefix(job_id, attempt)}/part-{index:06d}"
-    if job.kind == AnalysisKind.PERF:
+    if job.kind == AnalysisKind.STEPS:
+        _steps_map(job, attempt, index, stage, _rank_rows(job, files, attempt))
+    elif job.kind == AnalysisKind.PERF:
         # Whole communicators: their own rows say who holds each P2P peer.
         table = resolve_peers(_read(files, comm_ids, [*PERF_COLUMNS, "comm_rank", PEER_IN_COMM])).select(PERF_COLUMNS)
         summary = perf_map(table)
@@ -231,8 +260,7 @@ def partition_map(job_id: int, attempt: int, index: int) -> bool:
             _write_frame(f"{prefix}-groups.parquet", summary[0])
             _write_frame(f"{prefix}-samples.parquet", summary[1])
     else:
-        members = _read_frame(f"{_run_prefix(job_id, attempt)}/members.parquet").to_arrow()
-        _write_frame(f"{prefix}-tail.parquet", hang_tail(finish(_read(files, None, None), members)))
+        _write_frame(f"{prefix}-tail.parquet", hang_tail(_rank_rows(job, files, attempt)))
     AnalysisJob.objects.filter(pk=job_id, attempts=attempt).update(
         partitions_done=F("partitions_done") + 1, updated_at=timezone.now()
     )
@@ -283,6 +311,126 @@ def _samples_by_rank(locations: list[str]) -> Iterator[pl.DataFrame]:
         yield chunk
 
 
+def _steps_input(job: AnalysisJob, table: pa.Table) -> pl.DataFrame:
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    if job.parameters["ignore_labels"]:
+        df = df.with_columns(step=pl.lit(None, dtype=pl.Int64))
+    return df
+
+
+def _steps_map(job: AnalysisJob, attempt: int, index: int, stage: int, table: pa.Table) -> None:
+    """Stage 1: what this partition's ranks tell the others; stage 2: their steps, with the merged links."""
+    from comminsight.analysis.partitioned import steps_evidence, steps_map
+
+    run = _run_prefix(job.pk, attempt)
+    prefix = f"{run}/part-{index:06d}"
+    df = _steps_input(job, table)
+    if stage == 1:
+        evidence = steps_evidence(df)
+        _write_frame(f"{prefix}-roles.parquet", evidence.role_rows)
+        _write_frame(f"{prefix}-instances.parquet", evidence.instances)
+        _write_frame(f"{prefix}-p2p.parquet", evidence.p2p)
+        return
+    store = object_store()
+    links = json.loads(store.read_bytes(store.location(f"{run}/links.json")))
+    comms = pa.array(df.get_column("comm_id").drop_nulls().unique().to_list(), pa.string())
+    # The job's instances of this partition's communicators (the file is sorted by communicator: row groups skip).
+    instances = pl.from_arrow(
+        store.dataset([store.location(f"{run}/instances.parquet")]).to_table(filter=pc.field("comm_id").isin(comms))
+    )
+    waits = pl.from_arrow(
+        store.dataset([store.location(f"{run}/p2p-waits.parquet")]).to_table(filter=pc.field("part") == index)
+    )
+    assert isinstance(instances, pl.DataFrame)
+    assert isinstance(waits, pl.DataFrame)
+    part = steps_map(df, links["roles"], instances, waits, use_templates=not job.parameters["period_only"])
+    _write_frame(f"{prefix}-steps.parquet", part.rank_steps)
+    if part.label_counts is not None:
+        _write_frame(f"{prefix}-labels.parquet", part.label_counts)
+    methods = {str(rank): method for rank, method in part.methods.items()}
+    store.write_bytes(f"{prefix}-methods.json", json.dumps(methods).encode())
+
+
+def partition_link(job_id: int, attempt: int) -> bool:
+    """Stage 1's merge of a steps run: the job's roles, collective instances and point-to-point waiting, for
+    stage 2's map tasks; False when the run is over. Raises ValueError when the store holds no operations."""
+    from comminsight.analysis.partitioned import StepsEvidence, steps_links
+
+    if _current(job_id, attempt) is None:
+        return False
+    count = len(_plan(job_id, attempt)["partitions"])
+    run = _run_prefix(job_id, attempt)
+    evidence = [
+        (
+            i,
+            StepsEvidence(
+                _read_frame(f"{run}/part-{i:06d}-roles.parquet"),
+                _read_frame(f"{run}/part-{i:06d}-instances.parquet"),
+                _read_frame(f"{run}/part-{i:06d}-p2p.parquet"),
+            ),
+        )
+        for i in range(count)
+    ]
+    if all(e.role_rows.height == 0 for _, e in evidence):
+        raise ValueError(NO_OPERATIONS)
+    links = steps_links(evidence)
+    _write_frame(f"{run}/instances.parquet", links.instances)
+    _write_frame(f"{run}/p2p-waits.parquet", links.p2p_waits)
+    object_store().write_bytes(f"{run}/links.json", json.dumps({"roles": links.roles}).encode())
+    return True
+
+
+def step_summary(step: dict[str, Any]) -> dict[str, Any]:
+    """Per-step aggregates over ranks: what the steps page shows, kept even when per-rank details are not."""
+    ranks = step.get("ranks") or {}
+    n = max(len(ranks), 1)
+    return {
+        "ranks": len(ranks),
+        "comm_ms_mean": sum(sum((r.get("comm_ms") or {}).values()) for r in ranks.values()) / n,
+        "exposed_wait_ms_mean": sum(r.get("exposed_wait_ms") or 0 for r in ranks.values()) / n,
+        "slowest_rank": int(max(ranks, key=lambda r: ranks[r].get("duration_ms") or 0)) if ranks else None,
+    }
+
+
+def steps_document(report: Any) -> dict[str, Any]:
+    """The stored steps result of a ``StepReport`` (whole-table and partitioned runs alike)."""
+    steps = [{**step, "summary": step_summary(step)} for step in report.steps]
+    detailed = sum(len(step.get("ranks") or {}) for step in steps) <= MAX_STEP_RANK_DETAILS
+    if not detailed:  # a large job: keep per-step summaries, not steps x ranks objects
+        steps = [{k: v for k, v in step.items() if k != "ranks"} for step in steps]
+    doc: dict[str, Any] = {
+        "method": report.method,
+        "methods_by_rank": {str(k): v for k, v in sorted(report.methods_by_rank.items())},
+        "steps": steps,
+        "per_rank_details": detailed,
+    }
+    if report.agreement is not None:
+        doc["agreement"] = report.agreement
+    return doc
+
+
+def _steps_reduce(job_id: int, attempt: int, count: int) -> dict[str, Any]:
+    from comminsight.analysis.partitioned import StepsPart, steps_reduce
+
+    store = object_store()
+    run = _run_prefix(job_id, attempt)
+    present = set(store.list(run, suffix=".parquet"))
+    parts = []
+    for i in range(count):
+        prefix = f"{run}/part-{i:06d}"
+        methods = json.loads(store.read_bytes(store.location(f"{prefix}-methods.json")))
+        labels = f"{prefix}-labels.parquet"
+        parts.append(
+            StepsPart(
+                _read_frame(f"{prefix}-steps.parquet"),
+                {int(rank): method for rank, method in methods.items()},
+                _read_frame(labels) if store.location(labels) in present else None,
+            )
+        )
+    return steps_document(steps_reduce(parts))
+
+
 def partition_reduce(job_id: int, attempt: int) -> dict[str, Any] | None:
     """Merge the run's summaries into the job's report; None when the run is over (cancelled, failed, stale)."""
     from comminsight.analysis.partitioned import hang_reduce, perf_reduce_by_rank
@@ -295,6 +443,8 @@ def partition_reduce(job_id: int, attempt: int) -> dict[str, Any] | None:
     store = object_store()
     present = set(store.list(prefix, suffix=".parquet"))
     params = dict(job.parameters)
+    if job.kind == AnalysisKind.STEPS:
+        return _steps_reduce(job_id, attempt, count)
     if job.kind == AnalysisKind.PERF:
         done = [i for i in range(count) if store.location(f"{prefix}/part-{i:06d}-groups.parquet") in present]
         groups = [_read_frame(f"{prefix}/part-{i:06d}-groups.parquet") for i in done]

@@ -249,23 +249,8 @@ def _frame(table: pa.Table) -> pl.DataFrame:
     df = pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
     if df.height == 0:
-        raise ValueError("no operations have been ingested for this workload yet")
+        raise ValueError(partitions.NO_OPERATIONS)
     return df
-
-
-MAX_STEP_RANK_DETAILS = 200_000  # step x rank objects kept in a stored result; beyond, summaries only
-
-
-def _step_summary(step: dict[str, Any]) -> dict[str, Any]:
-    """Per-step aggregates over ranks: what the steps page shows, kept even when per-rank details are not."""
-    ranks = step.get("ranks") or {}
-    n = max(len(ranks), 1)
-    return {
-        "ranks": len(ranks),
-        "comm_ms_mean": sum(sum((r.get("comm_ms") or {}).values()) for r in ranks.values()) / n,
-        "exposed_wait_ms_mean": sum(r.get("exposed_wait_ms") or 0 for r in ranks.values()) / n,
-        "slowest_rank": int(max(ranks, key=lambda r: ranks[r].get("duration_ms") or 0)) if ranks else None,
-    }
 
 
 def _run_steps(table: pa.Table, p: dict[str, Any]) -> dict[str, Any]:
@@ -275,20 +260,7 @@ def _run_steps(table: pa.Table, p: dict[str, Any]) -> dict[str, Any]:
     if p["ignore_labels"]:
         df = df.with_columns(step=pl.lit(None, dtype=pl.Int64))
     # Results stay uncalibrated: the workload's calibration is applied when they are shown.
-    report = recover_steps(df, use_templates=not p["period_only"], compute_waits=True)
-    steps = [{**step, "summary": _step_summary(step)} for step in report.steps]
-    detailed = sum(len(step.get("ranks") or {}) for step in steps) <= MAX_STEP_RANK_DETAILS
-    if not detailed:  # a large job: keep per-step summaries, not steps x ranks objects
-        steps = [{k: v for k, v in step.items() if k != "ranks"} for step in steps]
-    doc: dict[str, Any] = {
-        "method": report.method,
-        "methods_by_rank": {str(k): v for k, v in sorted(report.methods_by_rank.items())},
-        "steps": steps,
-        "per_rank_details": detailed,
-    }
-    if report.agreement is not None:
-        doc["agreement"] = report.agreement
-    return doc
+    return partitions.steps_document(recover_steps(df, use_templates=not p["period_only"], compute_waits=True))
 
 
 def _run_stragglers(table: pa.Table, p: dict[str, Any]) -> dict[str, Any]:
@@ -415,19 +387,20 @@ def _finish(job: AnalysisJob, result: dict[str, Any], fingerprint: str) -> str:
 # --- Partitioned runs (apps.analysis.partitions): one chord of map tasks and a reduce ---------------------------
 
 
-def _enqueue_partitioned(job_id: int, attempt: int, count: int) -> None:
+def _enqueue_partitioned(job_id: int, attempt: int, count: int, stage: int = 1) -> None:
     from celery import chord
 
     from .tasks import map_partition, reduce_partitions
 
-    chord(map_partition.s(job_id, attempt, i) for i in range(count))(reduce_partitions.s(job_id, attempt))
+    maps = (map_partition.s(job_id, attempt, i, stage) for i in range(count))
+    chord(maps)(reduce_partitions.s(job_id, attempt, stage))
 
 
-def analysis_map(job_id: int, attempt: int, index: int) -> bool:
-    """Summarise one partition of a running job (a map task); publish the count of map tasks done.
-    Infrastructure errors (RETRYABLE) propagate: the task retries this partition alone."""
+def analysis_map(job_id: int, attempt: int, index: int, stage: int = 1) -> bool:
+    """Summarise one partition of a running job for ``stage`` (a map task); publish the count of map tasks
+    done. Infrastructure errors (RETRYABLE) propagate: the task retries this partition alone."""
     try:
-        if not partitions.partition_map(job_id, attempt, index):
+        if not partitions.partition_map(job_id, attempt, index, stage):
             return False
     except (*RETRYABLE, SoftTimeLimitExceeded):
         raise
@@ -442,8 +415,21 @@ def analysis_map(job_id: int, attempt: int, index: int) -> bool:
     return True
 
 
-def analysis_reduce(job_id: int, attempt: int) -> str:
-    """Merge a partitioned run's summaries into the job's result (the chord's last task); its final state."""
+def analysis_reduce(job_id: int, attempt: int, stage: int = 1) -> str:
+    """Merge a partitioned run's summaries of ``stage`` (a chord's last task): into what the next stage's map
+    tasks read, then queue them; after the last stage, into the job's result. The job's state."""
+    job = AnalysisJob.objects.filter(pk=job_id).first()
+    if job is not None and stage < partitions.stages(job.kind):
+        try:
+            if not partitions.partition_link(job_id, attempt):
+                return job.state  # the run was cancelled, failed or superseded
+        except (*RETRYABLE, SoftTimeLimitExceeded):
+            raise
+        except Exception as exc:  # the library refused this data: say why on the job
+            return _refused(job_id, exc)
+        count = job.partitions // partitions.stages(job.kind)
+        _enqueue_partitioned(job_id, attempt, count, stage + 1)
+        return JobState.RUNNING
     try:
         result = partitions.partition_reduce(job_id, attempt)
     except (*RETRYABLE, SoftTimeLimitExceeded):
@@ -595,7 +581,7 @@ def calibrated_steps(result: dict[str, Any], calibration: StepCalibration | None
     offset = calibration.offset if calibration else 0
     rows = []
     for step in result.get("steps", []):
-        summary = step.get("summary") or _step_summary(step)
+        summary = step.get("summary") or partitions.step_summary(step)
         recovered = step.get("step")
         rows.append(
             {

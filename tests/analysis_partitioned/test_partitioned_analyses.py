@@ -16,8 +16,19 @@ import pyarrow.compute as pc
 import pytest
 
 from comminsight.analysis import analyze_hang
-from comminsight.analysis.partitioned import hang_reduce, hang_tail, perf_map, perf_reduce, perf_reduce_by_rank
+from comminsight.analysis.partitioned import (
+    hang_reduce,
+    hang_tail,
+    perf_map,
+    perf_reduce,
+    perf_reduce_by_rank,
+    steps_evidence,
+    steps_links,
+    steps_map,
+    steps_reduce,
+)
 from comminsight.analysis.perf import analyse_perf
+from comminsight.semantic import recover_steps
 from tests.analysis_partitioned.compare import canonical, settled
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -135,3 +146,69 @@ def test_partitions_without_payload_sizes_say_so_like_the_whole_table():
     assert isinstance(df, pl.DataFrame)
     table = df.with_columns(bytes=pl.lit(None, dtype=pl.Int64))
     assert perf_reduce(perf_map(part) for part in comm_partitions(table.to_arrow(), 2)) == analyse_perf(table)
+
+
+def steps_both_ways(table: pa.Table, ranks_per_partition: int, **options) -> tuple:
+    """(whole StepReport, partitioned StepReport): stage 1 and stage 2 over rank partitions."""
+    df = by_rank(table)
+    parts = rank_partitions(df, ranks_per_partition)
+    links = steps_links(enumerate(steps_evidence(part) for part in parts))
+    mapped = [
+        steps_map(
+            part,
+            links.roles,
+            links.instances,
+            links.p2p_waits.filter(pl.col("part") == i),
+            use_templates=options.get("use_templates", True),
+        )
+        for i, part in enumerate(parts)
+    ]
+    whole = recover_steps(df, compute_waits=True, use_templates=options.get("use_templates", True))
+    return whole, steps_reduce(mapped)
+
+
+def step_doc(report) -> dict:
+    return {
+        "method": report.method,
+        "methods": report.methods_by_rank,
+        "steps": report.steps,
+        "agreement": report.agreement,
+        "rank_steps": report.rank_steps.to_dicts(),
+    }
+
+
+@pytest.mark.parametrize(
+    ("layout", "options"),
+    [
+        ("ddp", {"slow": {2: 2.0}, "seed": 1}),
+        ("megatron", {"slow_comms": {"pp.d1t1": 5.0}}),
+        ("fsdp", {"seed": 3}),
+    ],
+)
+@pytest.mark.parametrize("ranks_per_partition", [1, 3])
+@pytest.mark.parametrize("use_templates", [True, False])
+def test_the_steps_from_two_stages_over_rank_partitions_equal_the_whole_tables(
+    layout, options, ranks_per_partition, use_templates
+):
+    whole, partitioned = steps_both_ways(
+        synthetic.table(layout, **options), ranks_per_partition, use_templates=use_templates
+    )
+    if use_templates:  # (period detection finds no steps in the FSDP layout, whole or partitioned)
+        assert whole.steps
+        assert any(r["exposed_wait_ms"] > 0 for s in whole.steps for r in s["ranks"].values())
+    assert step_doc(partitioned) == step_doc(whole)
+
+
+def test_point_to_point_waiting_crosses_partitions_like_the_whole_tables():
+    layout = Layout(1, 4, 1)  # a pipeline: every rank's waits are on sends and receives to other ranks
+    whole, partitioned = steps_both_ways(run(layout, programs_for(layout, steps=12)), ranks_per_partition=1)
+    assert step_doc(partitioned) == step_doc(whole)
+
+
+def test_unlabelled_steps_agree_like_the_whole_tables():
+    df = pl.from_arrow(synthetic.table("megatron"))
+    assert isinstance(df, pl.DataFrame)
+    whole, partitioned = steps_both_ways(df.with_columns(step=pl.lit(None, pl.Int64)).to_arrow(), 2)
+    assert whole.agreement is None
+    assert partitioned.agreement is None
+    assert step_doc(partitioned) == step_doc(whole)

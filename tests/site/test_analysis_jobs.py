@@ -291,8 +291,8 @@ def test_a_job_whose_store_cannot_be_read_is_retried_then_fails_saying_so(
     from apps.analysis.tasks import run_analysis
 
     monkeypatch.setattr(services, "load_operations", unreadable)
-    # steps runs in one task (hang and perf run partitioned: tests/site/test_partitioned_runs.py)
-    request_analysis(client_of(personas.alice), personas.workload, "steps")  # queued (not run: no commit)
+    # stragglers runs in one task (hang, perf and steps run partitioned: tests/site/test_partitioned_runs.py)
+    request_analysis(client_of(personas.alice), personas.workload, "stragglers")  # queued (not run: no commit)
     job = AnalysisJob.objects.get()
     # In-process retries need eager propagation off (else the first Retry surfaces as an exception).
     from comminsight_site.celery import app
@@ -317,8 +317,8 @@ def test_a_job_that_runs_past_its_time_limit_fails_saying_so(personas, data_dir,
     def too_slow(table, params):
         raise SoftTimeLimitExceeded()
 
-    monkeypatch.setitem(services.RUNNERS, "steps", too_slow)  # a run in one task; partitioned ones: map tasks
-    run_on_commit(lambda: request_analysis(client_of(personas.alice), personas.workload, "steps"))
+    monkeypatch.setitem(services.RUNNERS, "stragglers", too_slow)  # a run in one task; partitioned: map tasks
+    run_on_commit(lambda: request_analysis(client_of(personas.alice), personas.workload, "stragglers"))
     job = AnalysisJob.objects.get()
     assert job.state == "failed"
     assert "time limit" in job.error
@@ -368,10 +368,10 @@ def test_a_workload_ingested_from_an_agent_archive_can_be_analysed(personas, tmp
 def test_a_large_step_result_keeps_per_step_summaries_instead_of_every_rank(
     personas, data_dir, run_on_commit, monkeypatch
 ):
-    from apps.analysis import services
+    from apps.analysis import partitions
     from apps.analysis.models import AnalysisJob
 
-    monkeypatch.setattr(services, "MAX_STEP_RANK_DETAILS", 10)  # 12 steps x 4 ranks is "large" here
+    monkeypatch.setattr(partitions, "MAX_STEP_RANK_DETAILS", 10)  # 12 steps x 4 ranks is "large" here
     write_store(data_dir, personas.workload.pk, straggler_table(steps=12))
     run_on_commit(lambda: request_analysis(client_of(personas.alice), personas.workload, "steps"))
     job = AnalysisJob.objects.get()

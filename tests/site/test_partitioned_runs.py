@@ -69,7 +69,7 @@ TABLES = {"hung": lambda: hung_table(ranks=8, stuck_rank=5), "megatron": megatro
 
 
 @pytest.mark.parametrize("table_name", sorted(TABLES))
-@pytest.mark.parametrize("kind", ["hang", "perf"])
+@pytest.mark.parametrize("kind", ["hang", "perf", "steps"])
 def test_a_partitioned_run_stores_the_whole_table_result(
     each_storage_backend, personas, settings, tmp_path, kind, table_name
 ):
@@ -82,6 +82,9 @@ def test_a_partitioned_run_stores_the_whole_table_result(
     assert job.partitions_done == job.partitions
     same = settled if kind == "hang" else canonical
     assert same(job.result) == same(whole_table_result(job))
+    if kind == "steps" and table_name == "megatron":  # the stored report is one a user reads: steps and waits
+        assert len(job.result["steps"]) > 5
+        assert any(step["summary"]["exposed_wait_ms_mean"] > 0 for step in job.result["steps"])
     # the run's summaries are removed once merged
     assert object_store().list(f"analysis-runs/job-{job.pk}") == []
 
@@ -240,3 +243,24 @@ def test_the_perf_merge_reads_the_samples_a_range_of_ranks_at_a_time(each_storag
     assert all(not (a & b) for i, a in enumerate(ranks) for b in ranks[i + 1 :])  # disjoint
     assert sum(c.height for c in chunks) == 200
     assert all(c.height <= 50 for c in chunks)
+
+
+@pytest.mark.parametrize("params", [{}, {"ignore_labels": True, "period_only": True}])
+def test_a_steps_run_maps_in_two_stages_and_stores_the_whole_table_result(personas, settings, tmp_path, params):
+    settings.ANALYSIS_PARTITION_ROWS = 1  # one rank per partition
+    table = megatron_table()
+    put_store(personas.workload.pk, table, tmp_path)
+    job = services.analysis_request(personas.workload, "steps", personas.alice, params).job
+    job.refresh_from_db()
+    assert job.state == JobState.DONE, job.error
+    ranks = len(set(table.column("rank").to_pylist()))
+    assert (job.partitions_done, job.partitions) == (2 * ranks, 2 * ranks)  # the map tasks of both stages
+    assert canonical(job.result) == canonical(whole_table_result(job))
+    assert ("agreement" in job.result) == (not params)
+
+
+def test_a_steps_run_of_an_empty_store_fails_like_the_whole_table(personas, settings):
+    job = services.analysis_request(personas.workload, "steps", personas.alice).job
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED
+    assert job.error == "ValueError: no operations have been ingested for this workload yet"

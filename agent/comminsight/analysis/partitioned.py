@@ -19,13 +19,24 @@ the reduce holds summaries, not the job's rows.
   ``perf_reduce`` takes the reference bandwidths from the groups and the medians from those
   samples; ``perf_reduce_by_rank`` does the same holding one range of ranks' samples at a time
   (every sample of a rank is needed for its median), so the merge's memory is the groups plus one range.
+- **steps** — partitions of whole ranks, two stages. The step engine runs per rank; what it needs from
+  other ranks is the communicators' roles and each event's exposed waiting (how long it waited for the
+  last member of its operation). Stage 1, ``steps_evidence``: per partition, the role rows, the
+  collective instances its ranks saw (first and last arrival, ranks seen) and its point-to-point
+  rows. ``steps_links`` merges them: the roles, the instances of two or more members (their last
+  arrival), and every point-to-point event's waiting (pairing sends and receives needs them all).
+  Stage 2, ``steps_map``: the engine over one partition's ranks with those, giving per-(rank, step)
+  summaries; ``steps_reduce`` concatenates them into the ``StepReport`` the whole table gives.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
@@ -33,6 +44,10 @@ from comminsight.analysis.hang import analyze_hang
 from comminsight.analysis.perf import NO_PAYLOAD, bandwidth_groups, perf_report, rank_samples, transfers
 from comminsight.evidence import PROGRESS_OP
 from comminsight.evidence.schema import empty_table
+from comminsight.semantic.engine import summaries_frame
+from comminsight.semantic.matching import collective_instances, collective_waits, match_operations
+from comminsight.semantic.roles import infer_roles, role_rows
+from comminsight.semantic.steps import StepReport, agreement_from_counts, job_steps, label_counts, recover_steps
 
 HANG_TAIL_SEQS = 64  # completed sequences kept per (stream, rank) below its completion watermark
 
@@ -160,3 +175,121 @@ def perf_reduce_by_rank(
     if not frames:  # no partition had an operation with a payload
         return dict(NO_PAYLOAD)
     return perf_report(pl.concat(frames, how="vertical_relaxed"), sample_chunks, slow_fraction, min_samples)
+
+
+# --- steps: two stages over whole ranks -----------------------------------------------------------------------
+
+P2P_COLUMNS = ["rank", "comm_id", "op", "is_p2p", "seq", "peer", "comm_size", "start_ns", "end_ns", "enqueue_ns"]
+
+
+@dataclass
+class StepsEvidence:
+    """What one partition of whole ranks tells the others (stage 1 of a partitioned steps run)."""
+
+    role_rows: pl.DataFrame  # comminsight.semantic.roles.role_rows
+    instances: pl.DataFrame  # collective_instances: key, comm_id, first, last, n_members
+    p2p: pl.DataFrame  # the point-to-point rows, ``_i``: their row in the partition
+
+
+@dataclass
+class StepsLinks:
+    """The job-wide facts every partition's step engine needs (stage 1's merge)."""
+
+    roles: dict[str, str]
+    instances: pl.DataFrame  # key, comm_id, last: collective instances of two or more members
+    p2p_waits: pl.DataFrame  # part, _i, wait_ns: point-to-point events that waited
+
+
+@dataclass
+class StepsPart:
+    """One partition's step recovery (stage 2): its ranks' steps, methods and label agreement counts."""
+
+    rank_steps: pl.DataFrame
+    methods: dict[int, str]
+    label_counts: pl.DataFrame | None  # None: the partition's rows are not all step-labelled
+
+
+def steps_evidence(table: pa.Table | pl.DataFrame) -> StepsEvidence:
+    """Stage 1 of a partitioned steps run over one partition of whole ranks (in table order)."""
+    df = _frame(table)
+    p2p = df.with_row_index("_i").filter(pl.col("is_p2p")).select("_i", *P2P_COLUMNS)
+    return StepsEvidence(role_rows(df), collective_instances(df), p2p.with_columns(pl.col("_i").cast(pl.Int64)))
+
+
+def steps_links(parts: Iterable[tuple[int, StepsEvidence]]) -> StepsLinks:
+    """Merge the partitions' evidence, given as (partition index, evidence)."""
+    indexed = list(parts)
+    # Rows in rank order (the whole table's): each rank's rows come from one partition, in their order.
+    roles = infer_roles(
+        pl.concat([e.role_rows for _, e in indexed], how="vertical_relaxed").sort("rank", maintain_order=True)
+    )
+    instances = (
+        pl.concat([e.instances for _, e in indexed], how="vertical_relaxed")
+        .group_by("key")
+        .agg(
+            comm_id=pl.col("comm_id").first(),
+            last=pl.col("last").max(),
+            n_members=pl.col("n_members").sum(),
+        )
+        .filter(pl.col("n_members") > 1)
+        .select("key", "comm_id", "last")
+        .sort("comm_id", "key")
+    )
+    p2p = (
+        pl.concat([e.p2p.with_columns(part=pl.lit(i, pl.Int64)) for i, e in indexed], how="vertical_relaxed")
+        .sort("rank", "_i", maintain_order=True)
+        .with_row_index("row")
+        .with_columns(pl.col("row").cast(pl.Int64))
+    )
+    waits = match_operations(p2p).select("row", "wait_ns")
+    p2p_waits = (
+        p2p.select("row", "part", "_i")
+        .join(waits, on="row")
+        .filter(pl.col("wait_ns") > 0)
+        .select("part", "_i", "wait_ns")
+        .sort("part", "_i")
+    )
+    return StepsLinks(roles, instances, p2p_waits)
+
+
+def steps_map(
+    table: pa.Table | pl.DataFrame,
+    roles: dict[str, str],
+    instances: pl.DataFrame,
+    p2p_waits: pl.DataFrame,
+    use_templates: bool = True,
+) -> StepsPart:
+    """Stage 2: recover the steps of one partition's ranks, with the job's roles and waiting (``p2p_waits``:
+    this partition's ``_i``, ``wait_ns``)."""
+    df = _frame(table)
+    wait = np.zeros(df.height, np.int64)
+    coll = collective_waits(df.with_row_index("row"), instances)
+    wait[coll.get_column("row").to_numpy()] = coll.get_column("wait_ns").to_numpy()
+    wait[p2p_waits.get_column("_i").to_numpy()] = p2p_waits.get_column("wait_ns").to_numpy()
+    report = recover_steps(df, use_templates=use_templates, wait_ns=wait, roles=roles)
+    counts = None
+    if "step" in df.columns and df.get_column("step").null_count() == 0:
+        counts = label_counts(df.get_column("step").to_numpy()[report.event_rows], report.event_steps)
+    return StepsPart(report.rank_steps, report.methods_by_rank, counts)
+
+
+def steps_reduce(parts: Iterable[StepsPart]) -> StepReport:
+    """The ``StepReport`` of the whole table (without per-event arrays) from every partition's ``steps_map``."""
+    parts = list(parts)
+    methods = dict(sorted((r, m) for p in parts for r, m in p.methods.items()))
+    method = Counter(methods.values()).most_common(1)[0][0] if methods else "none"
+    frames = [p.rank_steps for p in parts if p.rank_steps.height]
+    rank_steps = pl.concat(frames, how="vertical_relaxed") if frames else summaries_frame([])
+    rank_steps = rank_steps.sort("step", "rank")
+    empty = np.zeros(0, np.int64)
+    report = StepReport(
+        method=method, methods_by_rank=methods, event_rows=empty, event_steps=empty, rank_steps=rank_steps
+    )
+    report.steps = job_steps(rank_steps)
+    counts = [p.label_counts for p in parts]
+    if counts and all(c is not None for c in counts):
+        merged = pl.concat([c for c in counts if c is not None], how="vertical_relaxed")
+        merged = merged.group_by("rec", "lab").agg(pl.col("len").sum())
+        if merged.height:  # the whole table: labelled and at least one event
+            report.agreement = agreement_from_counts(merged)
+    return report

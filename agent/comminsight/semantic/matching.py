@@ -67,20 +67,62 @@ def _pair_p2p(p2p: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([peered, guessed], how="vertical_relaxed")
 
 
+def _events(df: pl.DataFrame) -> pl.DataFrame:
+    """The columns matching reads, with arrival (start, else enqueue) and an end that is never null."""
+    arrival = pl.coalesce(pl.col("start_ns"), pl.col("enqueue_ns"))
+    base = df.select(
+        "row", "rank", "comm_id", "op", "is_p2p", "seq", "peer", "comm_size", "start_ns", "end_ns", "enqueue_ns"
+    )
+    return base.with_columns(arrival_ns=arrival, end_ns=pl.coalesce(pl.col("end_ns"), arrival))
+
+
+def _collectives(events: pl.DataFrame) -> pl.DataFrame:
+    """Collective events with their instance ``key`` (communicator, op, seq; null when any is unknown)."""
+    coll = events.filter(~pl.col("is_p2p") & (pl.col("op") != "compute") & (pl.col("comm_size").fill_null(2) > 1))
+    return coll.with_columns(
+        key=pl.concat_str([pl.lit("c"), pl.col("comm_id"), pl.col("op"), pl.col("seq").cast(pl.String)], separator="|")
+    )
+
+
+def _member_wait(last: pl.Expr) -> pl.Expr:
+    """Time a member spent inside the operation before its last member arrived."""
+    return (pl.min_horizontal(last, pl.col("end_ns")) - pl.col("arrival_ns")).clip(lower_bound=0)
+
+
+def collective_instances(df: pl.DataFrame) -> pl.DataFrame:
+    """Per collective instance among ``df``'s rows: ``key``, first and last arrival, ranks seen (``n_members``).
+
+    Instances seen by disjoint sets of ranks merge by min, max and sum (a partitioned run's first stage).
+    """
+    coll = _collectives(_events(df.with_row_index("row")))
+    return (
+        coll.filter(pl.col("key").is_not_null())
+        .group_by("key")
+        .agg(
+            comm_id=pl.col("comm_id").first(),
+            first=pl.col("arrival_ns").min(),
+            last=pl.col("arrival_ns").max(),
+            n_members=pl.col("rank").n_unique(),
+        )
+    )
+
+
+def collective_waits(df: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
+    """(``row``, ``wait_ns``) of ``df``'s collective events (``df`` carries ``row``) given the job's instances
+    (``key``, ``last``) of two or more members: what ``match_operations`` says of them over the whole job."""
+    coll = _collectives(_events(df))
+    return coll.join(instances.select("key", "last"), on="key", how="inner").select(
+        "row", wait_ns=_member_wait(pl.col("last"))
+    )
+
+
 def match_operations(df: pl.DataFrame) -> pl.DataFrame:
     """Per event: matched ``group`` (-1 local), ``partner_row`` (a receive's send), arrival, lateness, waiting.
 
     ``df`` must carry a ``row`` column (row index); the result is in ``row`` order.
     """
-    arrival = pl.coalesce(pl.col("start_ns"), pl.col("enqueue_ns"))
-    base = df.select(
-        "row", "rank", "comm_id", "op", "is_p2p", "seq", "peer", "comm_size", "start_ns", "end_ns", "enqueue_ns"
-    )
-    base = base.with_columns(arrival_ns=arrival, end_ns=pl.coalesce(pl.col("end_ns"), arrival))
-    coll = base.filter(~pl.col("is_p2p") & (pl.col("op") != "compute") & (pl.col("comm_size").fill_null(2) > 1))
-    coll = coll.with_columns(
-        key=pl.concat_str([pl.lit("c"), pl.col("comm_id"), pl.col("op"), pl.col("seq").cast(pl.String)], separator="|")
-    )
+    base = _events(df)
+    coll = _collectives(base)
     pairs = _pair_p2p(base.filter(pl.col("is_p2p")))
     # A transfer is a two-member group (receive and its send) for lateness and waiting.
     p2p_members = pl.concat(
@@ -103,7 +145,7 @@ def match_operations(df: pl.DataFrame) -> pl.DataFrame:
         "n_members",
         "is_p2p",
         lateness_ns=pl.col("arrival_ns") - pl.col("first"),
-        wait_ns=(pl.min_horizontal(pl.col("last"), pl.col("end_ns")) - pl.col("arrival_ns")).clip(lower_bound=0),
+        wait_ns=_member_wait(pl.col("last")),
         last_arrival_ns=pl.col("last"),
     )
     out = base.select("row", "rank", "arrival_ns").join(matched, on="row", how="left").join(pairs, on="row", how="left")

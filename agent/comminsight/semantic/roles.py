@@ -52,20 +52,30 @@ def role_from_desc(desc: str | None) -> str | None:
     return None
 
 
+def role_rows(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
+    """What roles are inferred from: the first row of every (communicator, rank, op), in table order.
+
+    The role rows of disjoint sets of ranks, concatenated in rank order, are those of the whole table.
+    """
+    df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    keep = [
+        c
+        for c in ("comm_id", "rank", "op", "is_p2p", "comm_desc", "comm_size", "comm_ranks", *_COORD_ROLE)
+        if c in df.columns
+    ]
+    return df.select(keep).unique(subset=["comm_id", "rank", "op"], keep="first", maintain_order=True)
+
+
 def infer_roles(table: pa.Table | pl.DataFrame) -> dict[str, str]:
-    """comm_id -> role for every communicator in an operations table (see module doc)."""
+    """comm_id -> role for every communicator in an operations table, or in its ``role_rows`` (see module doc)."""
     df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
     if df.height == 0:
         return {}
     world = df.get_column("rank").n_unique()
     # Roles depend on communicators, not events: work on one row per (communicator, rank, op).
-    keep = [
-        c
-        for c in ("comm_id", "rank", "op", "is_p2p", "comm_desc", "comm_size", "comm_ranks", *_COORD_ROLE)
-        if c in df.columns
-    ]
-    df = df.select(keep).unique(subset=["comm_id", "rank", "op"], keep="first", maintain_order=True)
+    df = role_rows(df)
     coords = [c for c in _COORD_ROLE if c in df.columns and df.get_column(c).null_count() < df.height]
     rank_coords = (
         df.filter(pl.all_horizontal(pl.col(c).is_not_null() for c in coords))

@@ -86,11 +86,15 @@ class StepReport:
     agreement: dict | None = None
 
 
-def prepare_events(table: pa.Table | pl.DataFrame, wait_ns: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Communication events as engine arrays, sorted by (rank, start). ``row`` indexes ``table``."""
+def prepare_events(
+    table: pa.Table | pl.DataFrame, wait_ns: np.ndarray | None = None, roles: dict[str, str] | None = None
+) -> dict[str, np.ndarray]:
+    """Communication events as engine arrays, sorted by (rank, start). ``row`` indexes ``table``.
+
+    ``roles``: the communicators' roles when ``table`` is part of a job (else inferred from ``table``)."""
     df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
-    roles = infer_roles(df)
+    roles = infer_roles(df) if roles is None else roles
     df = df.with_row_index("row").with_columns(
         _wait=pl.Series(wait_ns if wait_ns is not None else np.zeros(df.height, np.int64)).cast(pl.Int64)
     )
@@ -145,23 +149,28 @@ def agreement_with_labels(labels: np.ndarray, recovered: np.ndarray) -> dict:
     ``event_agreement``: share of events whose label is their recovered step's label;
     ``one_to_one``: every label got exactly one recovered step and vice versa.
     """
-    keep = recovered >= 0
-    lab, rec = labels[keep], recovered[keep]
-    if lab.size == 0:
-        return {
-            "event_agreement": 0.0,
-            "steps_labelled": int(np.unique(labels).size),
-            "steps_recovered": 0,
-            "one_to_one": False,
-        }
-    pairs = pl.DataFrame({"rec": rec, "lab": lab}).group_by("rec", "lab").len()
+    return agreement_from_counts(label_counts(labels, recovered))
+
+
+def label_counts(labels: np.ndarray, recovered: np.ndarray) -> pl.DataFrame:
+    """Events per (recovered step ``rec``, label ``lab``): what agreement is computed from (sums over parts)."""
+    return pl.DataFrame({"rec": recovered, "lab": labels}).group_by("rec", "lab").agg(len=pl.len().cast(pl.Int64))
+
+
+def agreement_from_counts(counts: pl.DataFrame) -> dict:
+    """``agreement_with_labels`` from the (rec, lab, len) counts of every event."""
+    labelled = counts.get_column("lab").n_unique()
+    total = int(counts.get_column("len").sum())
+    pairs = counts.filter(pl.col("rec") >= 0)
+    if pairs.height == 0:
+        return {"event_agreement": 0.0, "steps_labelled": labelled, "steps_recovered": 0, "one_to_one": False}
     best = pairs.sort("len", descending=True).unique("rec", keep="first")
     agree = int(best.get_column("len").sum())
-    one_to_one = best.get_column("lab").n_unique() == best.height == np.unique(labels).size
+    one_to_one = best.get_column("lab").n_unique() == best.height == labelled
     return {
-        "event_agreement": agree / labels.size,
-        "steps_labelled": int(np.unique(labels).size),
-        "steps_recovered": int(np.unique(rec).size),
+        "event_agreement": agree / total,
+        "steps_labelled": labelled,
+        "steps_recovered": best.height,
         "one_to_one": bool(one_to_one),
     }
 
@@ -175,14 +184,18 @@ def recover_steps(
     wait_ns: np.ndarray | None = None,
     calibration: StepCalibration | None = None,
     compute_waits: bool = False,
+    roles: dict[str, str] | None = None,
 ) -> StepReport:
-    """Recover steps from the communication in ``table`` (see module doc)."""
+    """Recover steps from the communication in ``table`` (see module doc).
+
+    A part of a job (whole ranks, ``comminsight.analysis.partitioned``) gives the job's ``roles`` and ``wait_ns``.
+    """
     df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
     if wait_ns is None and compute_waits:
         matched = match_operations(df.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64)))
         wait_ns = matched.get_column("wait_ns").to_numpy()
-    events = prepare_events(df, wait_ns)
+    events = prepare_events(df, wait_ns, roles)
     engine = StepEngine(templates=templates, window=window, use_templates=use_templates)
     rows, steps, final = run_engine(events, engine, chunk_size)
     cal = calibration or StepCalibration()
