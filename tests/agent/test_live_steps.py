@@ -14,14 +14,17 @@ C = header.constants()
 BUCKET = 24 << 20
 
 
-def ddp_records(pid: int, steps: int, *, step_ns: int = 50_000_000, t0: int = 1_700_000_000_000_000_000) -> np.ndarray:
-    """A DDP-like GPU: per step four gradient all-reduces then a tiny loss all-reduce, one step every step_ns."""
-    per_step = 5
+def ddp_records(
+    pid: int, steps: int, *, step_ns: int = 50_000_000, t0: int = 1_700_000_000_000_000_000, buckets: int = 4
+) -> np.ndarray:
+    """A DDP-like GPU: per step ``buckets`` gradient all-reduces then a tiny loss all-reduce, one step every step_ns."""
+    per_step = buckets + 1
     n = steps * per_step
     rec = np.zeros(n, header.record_dtype())
     i = np.arange(n)
     step, k = i // per_step, i % per_step
-    start = t0 + step * step_ns + 10_000_000 + k * 5_000_000
+    spacing = min(5_000_000, (step_ns - 12_000_000) // per_step)
+    start = t0 + step * step_ns + 10_000_000 + k * spacing
     rec["kind"] = C["CI_KIND_COLL"]
     rec["state"] = C["CI_STATE_COMPLETED"]
     rec["flags"] = C["CI_FLAG_GPU_TIMES"]
@@ -31,11 +34,11 @@ def ddp_records(pid: int, steps: int, *, step_ns: int = 50_000_000, t0: int = 1_
     rec["pid"] = pid
     rec["comm_hash"] = 0x1234
     rec["seq"] = i
-    rec["bytes"] = np.where(k < 4, BUCKET, 4)
+    rec["bytes"] = np.where(k < buckets, BUCKET, 4)
     rec["enqueue_end_ns"] = start - 1000
     rec["gpu_start_ns"] = start
-    rec["gpu_end_ns"] = start + 2_000_000
-    rec["complete_ns"] = start + 2_100_000
+    rec["gpu_end_ns"] = start + spacing * 2 // 5
+    rec["complete_ns"] = start + spacing * 2 // 5 + 100_000
     rec["record_seq"] = i
     rec["func"] = b"AllReduce"
     rec["comm_name"] = b"world"
@@ -131,3 +134,15 @@ def test_step_summaries_not_yet_archived_are_handed_out_once(tmp_path: Path) -> 
     more, _ = steps.unarchived()
     assert more
     assert all(json.loads(line)["step"] > 0 for line in more.splitlines())
+
+
+def test_live_steps_are_found_when_a_step_holds_hundreds_of_identical_operations(tmp_path: Path) -> None:
+    # 600 equal gradient all-reduces per step: more than the live warm-up, and a step that read as
+    # "every operation is a step" to period detection. Each step lasts 2 s.
+    records = {101: ddp_records(101, 14, step_ns=2_000_000_000, buckets=600)}
+    fed(tmp_path, batches_of(records, 700), {101: 0})
+    rows = summaries(tmp_path)
+    assert len(rows) >= 10
+    for r in rows[1:-1]:
+        assert r["ops"] == 601
+        assert abs(r["duration_s"] - 2.0) < 1e-6

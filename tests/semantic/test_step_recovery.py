@@ -69,6 +69,61 @@ def test_bytedance_steps_recovered_without_labels_agree_with_the_true_labels(byt
     assert agreement["event_agreement"] == 1.0
 
 
+@pytest.mark.parametrize("buckets", [150, 200, 600])
+@pytest.mark.parametrize("use_templates", [True, False])
+def test_steps_of_hundreds_of_identical_operations_are_found(buckets: int, use_templates: bool) -> None:
+    # Hundreds of equal gradient buckets per step: rated per event, the sequence matched itself at
+    # lag 1 almost everywhere, so period detection took every operation for a step and gave up.
+    df, truth = _unlabelled("ddp", ranks=2, steps=8, buckets=buckets, seed=2)
+    report = recover_steps(df, use_templates=use_templates)
+    assert report.method == ("ddp" if use_templates else "period")
+    recovered = np.full(df.height, -2)
+    recovered[report.event_rows] = report.event_steps
+    assert np.array_equal(recovered, truth)
+
+
+@pytest.mark.parametrize("use_templates", [True, False])
+def test_a_step_longer_than_the_warm_up_is_found_when_streamed(use_templates: bool) -> None:
+    # 601 operations per step against a 256-event warm-up (the live agent's is short too): the engine
+    # looks again at more events instead of deciding on less than one step.
+    df, truth = _unlabelled("ddp", ranks=2, steps=10, buckets=600, seed=4)
+    events = prepare_events(df)
+    engine = StepEngine(warmup=256, use_templates=use_templates)
+    rows, steps = [], []
+    for lo in range(0, len(events["rank"]), 97):
+        out = engine.feed({k: v[lo : lo + 97] for k, v in events.items()})
+        rows.append(out["rows"])
+        steps.append(out["steps"])
+        engine = StepEngine.resume(engine.checkpoint())  # the retry survives a restart
+    out = engine.flush()
+    rows.append(out["rows"])
+    steps.append(out["steps"])
+    recovered = np.full(df.height, -2)
+    recovered[np.concatenate(rows)] = np.concatenate(steps)
+    assert np.array_equal(recovered, truth)
+
+
+def test_a_sequence_that_never_repeats_is_given_up_after_a_bounded_buffer() -> None:
+    rng = np.random.default_rng(0)
+    n = 5000
+    engine = StepEngine(warmup=64)
+    start = np.arange(n, dtype=np.int64) * 1000
+    sig = rng.integers(0, 2000, n)
+    out = engine.feed(
+        {
+            "rank": np.zeros(n, np.int64),
+            "row": np.arange(n),
+            "sig": sig,
+            "role": np.zeros(n, np.int64),
+            "start_ns": start,
+            "end_ns": start + 10,
+        }
+    )
+    assert engine.ranks[0].method == "none"
+    assert len(out["rows"]) == n  # answered, not held forever
+    assert np.all(out["steps"] == -1)  # in no step
+
+
 def _events(seed: int = 11) -> dict[str, np.ndarray]:
     df = pl.from_arrow(synthetic.table("megatron", steps=6, seed=seed))
     return prepare_events(df)

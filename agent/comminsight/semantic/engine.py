@@ -33,6 +33,10 @@ from comminsight.semantic.templates import END, NEUTRAL, START, Template, builti
 CHECKPOINT_VERSION = 1
 MAX_CHECKPOINT_BYTES = 256 << 20
 MAX_PENDING = 1 << 16  # events held while a run is undecided; beyond this they are assigned as is
+# A rank that fits no method after ``warmup`` events is retried each time its buffer doubles, up to
+# this many times ``warmup`` (a step longer than the warm-up: hundreds of operations per step, a
+# live engine's short warm-up); only then is it left without steps.
+WARMUP_GROWTH = 8
 N_ROLES = len(ROLES)
 _ACC_COLS = 4 + N_ROLES  # start, last_end, n_ops, wait, then comm time per role
 SUMMARY_COLUMNS = ("rank", "step", "start_ns", "end_ns", "last_op_end_ns", "n_ops", "wait_ns")
@@ -110,6 +114,7 @@ class _Rank:
     anchor: int = -1  # period anchor signature
     anchor_prev: int = -1  # signature that must precede the anchor (-1: none)
     setup: int = 0  # leading events still to come that precede the periodic stretch (no step)
+    retry_at: int = 0  # undecided: buffered events at which to try again (0: at ``warmup``)
     after_end: bool = True
     step: int = -1  # the step now open on this rank (-1: none yet)
     buffer: dict[str, np.ndarray] | None = None  # warm-up events, then the undecided tail
@@ -252,10 +257,18 @@ class StepEngine:
             ev = _cat(state.buffer, ev)
         state.buffer = None
         if state.method is None:
-            if len(ev["row"]) < self.warmup and not flush:
-                state.buffer = ev
-                return np.empty(0, np.int64), np.empty(0, np.int64), []
-            self._decide(state, _take(ev, slice(0, self.warmup)))
+            need, limit = max(self.warmup, state.retry_at), self.warmup * WARMUP_GROWTH
+            while True:
+                if len(ev["row"]) < need and not flush:
+                    state.retry_at = need
+                    state.buffer = ev
+                    return np.empty(0, np.int64), np.empty(0, np.int64), []
+                self._decide(state, _take(ev, slice(0, need)))  # the first `need` events, however chunked
+                if state.method != "none" or flush or need >= limit:
+                    break
+                # Nothing fits yet: perhaps a step is longer than what was seen. Look again at twice as many.
+                state.method, need = None, min(2 * need, limit)
+            state.retry_at = 0
         if state.method == "none":
             return ev["row"], np.full(len(ev["row"]), -1, np.int64), []
         cls_table, min_run = self._classes(state)
@@ -350,6 +363,7 @@ class StepEngine:
                 "anchor": st.anchor,
                 "anchor_prev": st.anchor_prev,
                 "setup": st.setup,
+                "retry_at": st.retry_at,
                 "after_end": st.after_end,
                 "step": st.step,
                 "buffer": None
@@ -419,6 +433,7 @@ class StepEngine:
                     anchor=anchor,
                     anchor_prev=anchor_prev,
                     setup=setup,
+                    retry_at=max(0, int(st.get("retry_at", 0))),
                     after_end=bool(st["after_end"]),
                     step=int(st["step"]),
                     buffer=buf,
