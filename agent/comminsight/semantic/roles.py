@@ -7,6 +7,15 @@ coordinate varies among the members (when the table carries dp/pp/tp coordinates
 lists), from the group shape (all ranks -> world; point-to-point only -> pp; one member ->
 local; consecutive ranks -> tp; strided -> dp).
 
+Roles read from the shape alone are then checked against how communicators nest (the structure
+a parallel layout leaves in the member sets, whatever coordinate columns the input has): ranks
+joined by send/receive form pipelines; a collective group within one pipeline is a pipeline-side
+group (embedding: pp); a group of one pipeline stage that strictly contains another such group is
+a data-parallel group spanning a further axis (Megatron's data-parallel group with context
+parallelism: dp), and a strided group inside it is the context-parallel one (cp). Without this,
+a job with context parallelism and no cp coordinate read its context-parallel all-gathers as
+data-parallel ones, and its data-parallel groups as tensor-parallel when they were consecutive.
+
 A signature is one integer per event: ``(role * 16 + op) * 64 + size_bucket`` where
 size_bucket is ``bytes.bit_length()`` (0 when the size is unknown). Role and op codes are
 fixed tables, so signatures mean the same thing across runs, chunks and checkpoints.
@@ -53,7 +62,7 @@ def role_from_desc(desc: str | None) -> str | None:
 
 
 def role_rows(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
-    """What roles are inferred from: the first row of every (communicator, rank, op), in table order.
+    """What roles are inferred from: the first row of every (communicator, rank, op, peer), in table order.
 
     The role rows of disjoint sets of ranks, concatenated in rank order, are those of the whole table.
     """
@@ -61,10 +70,12 @@ def role_rows(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
     assert isinstance(df, pl.DataFrame)
     keep = [
         c
-        for c in ("comm_id", "rank", "op", "is_p2p", "comm_desc", "comm_size", "comm_ranks", *_COORD_ROLE)
+        for c in ("comm_id", "rank", "op", "is_p2p", "peer", "comm_desc", "comm_size", "comm_ranks", *_COORD_ROLE)
         if c in df.columns
     ]
-    return df.select(keep).unique(subset=["comm_id", "rank", "op"], keep="first", maintain_order=True)
+    # Point-to-point rows: one per peer as well (the send/receive pairs give the pipelines).
+    key = ["comm_id", "rank", "op", *(["peer"] if "peer" in keep else [])]
+    return df.select(keep).unique(subset=key, keep="first", maintain_order=True)
 
 
 def infer_roles(table: pa.Table | pl.DataFrame) -> dict[str, str]:
@@ -76,6 +87,11 @@ def infer_roles(table: pa.Table | pl.DataFrame) -> dict[str, str]:
     world = df.get_column("rank").n_unique()
     # Roles depend on communicators, not events: work on one row per (communicator, rank, op).
     df = role_rows(df)
+    links = (
+        df.filter(pl.col("is_p2p") & pl.col("peer").is_not_null()).select("rank", "peer").unique()
+        if "peer" in df.columns and "is_p2p" in df.columns
+        else None
+    )
     coords = [c for c in _COORD_ROLE if c in df.columns and df.get_column(c).null_count() < df.height]
     rank_coords = (
         df.filter(pl.all_horizontal(pl.col(c).is_not_null() for c in coords))
@@ -97,6 +113,8 @@ def infer_roles(table: pa.Table | pl.DataFrame) -> dict[str, str]:
         for row in rank_coords.iter_rows():
             coord_of[row[0]] = row[1:]
     roles: dict[str, str] = {}
+    groups: dict[str, frozenset[int]] = {}  # collective groups of several members (not the world)
+    by_shape: set[str] = set()  # those whose role came from their shape alone
     for comm_id, desc, size, members, seen, p2p_only, compute in per_comm.iter_rows():
         role = role_from_desc(desc)
         members = list(members) if members is not None else list(seen)
@@ -118,8 +136,68 @@ def infer_roles(table: pa.Table | pl.DataFrame) -> dict[str, str]:
         if role is None and len(members) > 1:
             gaps = np.diff(np.sort(np.asarray(members)))
             role = "tp" if gaps.size and np.all(gaps == 1) else "dp"
+            by_shape.add(comm_id)
+        if role not in ("pp", "world", "local") and 1 < len(members) < world and not compute:
+            groups[comm_id] = frozenset(int(m) for m in members)
         roles[comm_id] = role or "other"
+    if by_shape:
+        roles.update(_roles_from_nesting(groups, by_shape, roles, links))
     return roles
+
+
+def _pipelines(links: pl.DataFrame | None) -> dict[int, int]:
+    """rank -> pipeline id: the connected components of the send/receive pairs (union-find)."""
+    parent: dict[int, int] = {}
+
+    def find(x: int) -> int:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    if links is not None:
+        for a, b in links.iter_rows():
+            ra, rb = find(int(a)), find(int(b))
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+    return {r: find(r) for r in parent}
+
+
+def _roles_from_nesting(
+    groups: dict[str, frozenset[int]], by_shape: set[str], roles: dict[str, str], links: pl.DataFrame | None
+) -> dict[str, str]:
+    """Corrected roles of the shape-read groups (see module doc); per group, not per event."""
+    pipe = _pipelines(links)
+    out: dict[str, str] = {}
+    one_stage: dict[str, frozenset[int]] = {}
+    for comm_id, members in groups.items():
+        lines = [pipe.get(m, -1 - m) for m in members]  # a rank without send/receive is its own pipeline
+        if len(set(lines)) == 1:
+            if comm_id in by_shape:
+                out[comm_id] = "pp"  # every member in one pipeline: an embedding-style group across stages
+        elif len(set(lines)) == len(lines):
+            one_stage[comm_id] = members  # at most one member per pipeline: one stage of the pipelines
+    # Groups of one stage, by size; which strictly contain another (a few hundred groups: sets, not events).
+    groups = sorted(one_stage.items(), key=lambda kv: len(kv[1]))
+    by_rank: dict[int, list[tuple[str, frozenset[int]]]] = {}
+    for comm_id, members in groups:
+        for m in members:
+            by_rank.setdefault(m, []).append((comm_id, members))
+    inner_of: dict[str, list[str]] = {}
+    for comm_id, members in groups:
+        anyone = next(iter(members))
+        for other, om in by_rank[anyone]:
+            if len(om) > len(members) and members < om:
+                inner_of.setdefault(other, []).append(comm_id)
+    for outer, inner in inner_of.items():
+        if outer in by_shape:
+            out[outer] = "dp"
+        if out.get(outer, roles[outer]) != "dp":
+            continue
+        for comm_id in inner:
+            if comm_id in by_shape and roles[comm_id] == "dp":
+                out[comm_id] = "cp"  # strided inside a data-parallel group: its context-parallel part
+    return out
 
 
 def signatures(role_codes: np.ndarray, op_codes: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
