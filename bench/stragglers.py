@@ -25,8 +25,13 @@ with a message and only CommInsight is timed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
+import io
 import json
+import logging
+import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -36,7 +41,9 @@ import numpy as np
 RECORDED = Path(__file__).resolve().parent.parent / "tests/data/kineto_gpu_lab_8rank"
 
 
-def write_traces(out: Path, ranks: int, steps: int, slow_rank: int, slow_factor: float, seed: int = 0) -> None:
+def write_traces(
+    out: Path, ranks: int, steps: int, slow_rank: int, slow_factor: float, kernels: int = 1, seed: int = 0
+) -> None:
     """One Kineto JSON per rank; see the module doc."""
     rng = np.random.default_rng(seed)
     buckets, compute_us, transfer_us, nelems = 6, 900.0, 250.0, 6_291_456
@@ -51,6 +58,33 @@ def write_traces(out: Path, ranks: int, steps: int, slow_rank: int, slow_factor:
     ) -> None:
         ext[r] += 1
         corr[r] += 1
+        if cat == "kernel" and not name.startswith("nccl"):
+            # the ATen op that launched it, with the shapes record_shapes=True writes
+            events[r].append(
+                {
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "name": "aten::mm",
+                    "pid": 100 + r,
+                    "tid": 100 + r,
+                    "ts": ts - 12.0,
+                    "dur": 9.0,
+                    "args": {
+                        "External id": ext[r],
+                        "Record function id": 0,
+                        "Sequence number": ext[r],
+                        "Fwd thread id": 0,
+                        "Concrete Inputs": ["", ""],
+                        "Input type": ["c10::BFloat16", "c10::BFloat16"],
+                        "Input Strides": [[4096, 1], [1, 4096]],
+                        "Input Dims": [[8192, 4096], [4096, 4096]],
+                        "Ev Idx": ext[r],
+                    },
+                }
+            )
+            events[r].append(
+                {"ph": "s", "id": corr[r], "pid": 100 + r, "tid": 100 + r, "ts": ts - 8, "cat": "ac2g", "name": "ac2g"}
+            )
         events[r].append(
             {
                 "ph": "X",
@@ -89,8 +123,11 @@ def write_traces(out: Path, ranks: int, steps: int, slow_rank: int, slow_factor:
             arrival = np.empty(ranks)
             for r in range(ranks):
                 work = compute_us * rng.normal(1.0, 0.03) * (slow_factor if r == slow_rank else 1.0)
-                launch(r, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", clock[r] + 5.0, work, 7)
-                arrival[r] = clock[r] + 5.0 + work
+                at = clock[r] + 5.0
+                for _ in range(kernels):  # the bucket's compute, as ``kernels`` GEMMs back to back
+                    launch(r, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", at, work / kernels, 7)
+                    at += work / kernels
+                arrival[r] = at
             end = arrival.max() + transfer_us
             for r in range(ranks):
                 ext[r] += 1
@@ -194,11 +231,13 @@ def run_hta(trace_dir: Path) -> tuple[float, float, list[int]] | str:
         from hta.trace_analysis import TraceAnalysis
     except ImportError:
         return "HolisticTraceAnalysis is not installed (pip install -r requirements/bench.txt): comparison skipped"
+    logging.getLogger("hta").setLevel(logging.ERROR)  # it logs every file it parses (workers inherit this)
     t0 = time.perf_counter()
     try:
-        analysis = TraceAnalysis(trace_dir=str(trace_dir))
-        t1 = time.perf_counter()
-        answer = analysis.get_potential_stragglers(num_candidates=1)
+        with contextlib.redirect_stdout(io.StringIO()):
+            analysis = TraceAnalysis(trace_dir=str(trace_dir))
+            t1 = time.perf_counter()
+            answer = analysis.get_potential_stragglers(num_candidates=1)
     except Exception as exc:
         return f"HTA failed on these traces: {type(exc).__name__}: {exc}"
     return t1 - t0, time.perf_counter() - t1, [int(r) for r in answer]
@@ -217,31 +256,52 @@ def copy_recorded(src: Path, dst: Path, rename_kernels: bool = False) -> int:
     return total
 
 
-def report(trace_dir: Path, truth: str, hta_dir: Path | None = None) -> None:
-    """Runs both tools on ``trace_dir`` and prints the answers side by side."""
-    ours_load, ours_run, culprits, slowdown = run_comminsight(trace_dir)
-    print(
-        f"CommInsight: load {ours_load:.3f} s + analysis {ours_run:.3f} s; culprits {culprits}; "
-        f"estimated slowdown x{slowdown['ratio']:.3f}"
-    )
+def report(trace_dir: Path, truth: str, rounds: int, hta_dir: Path | None = None) -> None:
+    """Runs both tools on ``trace_dir``, alternately for ``rounds`` rounds, and prints the answers and
+    the time ratio (median over rounds of HTA's seconds over CommInsight's, each end to end: reading
+    the traces plus the straggler analysis, in this process, after both tools were imported)."""
     hta = run_hta(trace_dir)
     if isinstance(hta, str):
         print(hta)
         if hta_dir is None or hta.startswith("HolisticTraceAnalysis is not installed"):
+            ours_load, ours_run, culprits, slowdown = run_comminsight(trace_dir)
+            print(f"CommInsight: load {ours_load:.3f} s + analysis {ours_run:.3f} s; culprits {culprits}")
             return
         print("HTA again, on a copy with ncclDevKernel_* renamed ncclKernel_* (its pre-NCCL-2.19 prefix):")
-        hta = run_hta(hta_dir)
+        trace_for_hta = hta_dir
+    else:
+        trace_for_hta = trace_dir
+    ours_times, hta_times, ratios = [], [], []
+    for round_ in range(rounds):
+        ours_load, ours_run, culprits, slowdown = run_comminsight(trace_dir)
+        hta = run_hta(trace_for_hta)
         if isinstance(hta, str):
             print(hta)
             return
-    hta_parse, hta_run, hta_answer = hta
-    print(f"HTA: parse {hta_parse:.3f} s + get_potential_stragglers {hta_run:.3f} s; answer {hta_answer}")
-    same = bool(culprits) and bool(hta_answer) and culprits[0] == hta_answer[0]
+        hta_parse, hta_run, hta_answer = hta
+        ours, theirs = ours_load + ours_run, hta_parse + hta_run
+        ours_times.append(ours)
+        hta_times.append(theirs)
+        ratios.append(theirs / ours)
+        print(
+            f"round {round_ + 1}: CommInsight load {ours_load:.3f} s + analysis {ours_run:.3f} s = {ours:.3f} s; "
+            f"HTA parse {hta_parse:.3f} s + get_potential_stragglers {hta_run:.3f} s = {theirs:.3f} s; "
+            f"x{theirs / ours:.1f}; load average {os.getloadavg()[0]:.1f}"
+        )
+    ours_top, hta_top = culprits[:1], hta_answer[:1]
     print(
-        f"time ratio HTA / CommInsight: end to end {(hta_parse + hta_run) / (ours_load + ours_run):.1f}x, "
-        f"analysis only {hta_run / ours_run:.1f}x (target >= 10x); same answer: {same}"
+        f"CommInsight: culprits {culprits}, estimated slowdown x{slowdown['ratio']:.3f}, "
+        f"median {statistics.median(ours_times):.3f} s; HTA: answer {hta_answer}, median "
+        f"{statistics.median(hta_times):.3f} s"
     )
-    print(f"side by side: truth {truth} | CommInsight {culprits[:1]} | HTA {hta_answer}")
+    print(
+        f"time ratio HTA / CommInsight, end to end: median x{statistics.median(ratios):.1f} over {rounds} rounds "
+        f"(min x{min(ratios):.1f}, max x{max(ratios):.1f}; target >= 10x)"
+    )
+    print(
+        f"same culprit: {bool(ours_top) and ours_top == hta_top} | truth {truth} | CommInsight {ours_top} | "
+        f"HTA {hta_top}"
+    )
 
 
 def main() -> None:
@@ -252,7 +312,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--slow-rank", type=int, default=5)
     parser.add_argument("--slow-factor", type=float, default=1.3)
+    parser.add_argument("--kernels", type=int, default=1, help="compute kernels (each with its CPU op) per bucket")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating runs of both tools")
     args = parser.parse_args()
+    print(f"load average {os.getloadavg()}, {os.cpu_count()} CPUs")
     recorded = not args.synthetic and args.traces.is_dir() and any(args.traces.glob("*.pt.trace.json.gz"))
     with tempfile.TemporaryDirectory(prefix="ci-bench-kineto-") as tmp:
         trace_dir = Path(tmp) / "traces"
@@ -270,15 +333,16 @@ def main() -> None:
             hta_dir = Path(tmp) / "hta_compat"
             hta_dir.mkdir()
             copy_recorded(args.traces, hta_dir, rename_kernels=True)
-            report(trace_dir, f"[{truth}]", hta_dir)
+            report(trace_dir, f"[{truth}]", args.rounds, hta_dir)
             return
-        write_traces(trace_dir, args.ranks, args.steps, args.slow_rank, args.slow_factor)
+        write_traces(trace_dir, args.ranks, args.steps, args.slow_rank, args.slow_factor, args.kernels)
         size = sum(p.stat().st_size for p in trace_dir.iterdir())
         print(
             f"SYNTHETIC Kineto traces (generated, not recorded on GPUs): {args.ranks} ranks x {args.steps} steps, "
-            f"{size / 1e6:.1f} MB, known slow rank {args.slow_rank} (x{args.slow_factor} compute)"
+            f"{args.kernels} compute kernel(s) per bucket, {size / 1e6:.1f} MB, known slow rank {args.slow_rank} "
+            f"(x{args.slow_factor} compute)"
         )
-        report(trace_dir, f"[{args.slow_rank}]")
+        report(trace_dir, f"[{args.slow_rank}]", args.rounds)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,16 @@ the kernel lacks it). Without ``Seq`` the sequence is the op's ordinal in its pr
 within the trace (collectives and P2P counted apart). ``ProfilerStep#N`` spans label the ops
 enqueued inside them with step N and are kept as "compute" rows carrying the span.
 
-The trace is decoded with orjson into Python objects (JSON gives no cheaper way to a
-nested event list); one filtering pass keeps the few events that matter, each needed field is
-then gathered as one column (a C-level ``map`` over the selected events), and every mapping
-(op and dtype spellings, kernel traits, sizes, sequence ordinals, step labels) runs on whole
-columns: per distinct value, or as numpy/Arrow kernels.
+The trace is read as a stream of 8 MiB pieces (bounded memory). Inside ``traceEvents`` each
+piece's run of complete events is decoded by one msgspec call into typed structs of the members
+used (every other member, and the args, are skipped or kept as raw text without being built);
+the few events that matter keep their args. What msgspec does not read as the standard parser
+would (NaN, numbers past the float range, very deep nesting) goes to a bracket scanner (numpy)
+that parses only the events whose text could matter (orjson, the standard parser as the last
+word). Each needed field is then gathered as one column (a C-level ``map`` over the selected
+events), and every mapping (op and dtype spellings, kernel traits, sizes, sequence ordinals,
+step labels) runs on whole columns: per distinct value, or as numpy/Arrow kernels.
+bench/kineto_readers.py compares the JSON readers this choice was made from.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from itertools import compress, repeat
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import msgspec
 import numpy as np
 import orjson
 import pyarrow as pa
@@ -469,6 +475,106 @@ def _compact(event: Any) -> Any:
     return kept
 
 
+# ---- the fast path: whole runs of events decoded by msgspec into typed structs -----------------
+
+_UNSET: Any = msgspec.UNSET
+
+
+def _arg(key: str) -> Any:
+    return msgspec.field(default=_UNSET, name=key)
+
+
+class _Args(msgspec.Struct, gc=False):
+    """The args the table is made of; msgspec skips every other key without building it."""
+
+    external_id: Any = _arg("External id")
+    collective: Any = _arg("Collective name")
+    pg_name: Any = _arg("Process Group Name")
+    pg_ranks: Any = _arg("Process Group Ranks")
+    pg_desc: Any = _arg("Process Group Description")
+    group_size: Any = _arg("Group size")
+    dtype: Any = _arg("dtype")
+    nelems: Any = _arg("In msg nelems")
+    seq_upper: Any = _arg("Seq")
+    seq: Any = _arg("seq")
+    device: Any = _arg("device")
+    stream: Any = _arg("stream")
+    peer: Any = _arg("Peer")
+    peer_lower: Any = _arg("peer")
+    dst_rank: Any = _arg("Dst Rank")
+    src_rank: Any = _arg("Src Rank")
+    dst_rank_lower: Any = _arg("dst_rank")
+    src_rank_lower: Any = _arg("src_rank")
+
+
+class _Event(msgspec.Struct, gc=False):
+    """The members of an event the table is made of. Its args stay raw text (a slice of the input),
+    decoded only for the few events selected."""
+
+    ph: Any = _UNSET
+    cat: Any = _UNSET
+    name: Any = _UNSET
+    ts: Any = _UNSET
+    dur: Any = _UNSET
+    pid: Any = _UNSET
+    args: msgspec.Raw | msgspec.UnsetType = _UNSET
+
+
+_ARG_NAMES = tuple(f.encode_name for f in msgspec.structs.fields(_Args))
+assert set(_ARG_NAMES) == _ARG_KEYS
+assert _Event.__struct_fields__ == _EVENT_KEYS
+# Elements that are not objects decode as themselves (they are skipped later, as after a full parse).
+_DECODER = msgspec.json.Decoder(list[_Event | int | float | str | bool | None | list])
+_ARGS_DECODER = msgspec.json.Decoder(_Args)
+# Where one event ends and the next begins, in the text any JSON writer produces: "}" "," "{".
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_BOUNDARY_TAIL = 1 << 20
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BLANKS = re.compile(rb"\s*")
+
+
+class _NotTaken(Exception):
+    """A run msgspec does not read as the whole-document parse would: it goes to the bracket scanner."""
+
+
+def _args(raw: Any) -> Any:
+    """An event's raw args as ``_compact`` keeps them: the used keys of an object; anything else as is."""
+    try:
+        args = _ARGS_DECODER.decode(raw)
+    except msgspec.ValidationError:
+        value = msgspec.json.decode(raw)  # not an object (the table ignores it), or a number out of range
+        if type(value) is dict:
+            raise _NotTaken from None
+        return value
+    return {k: v for k, v in zip(_ARG_NAMES, msgspec.structs.astuple(args), strict=True) if v is not _UNSET}
+
+
+def _selected(items: list) -> list[dict]:
+    """The events the table could use (a superset of those ``_load_one`` takes), each as ``_compact``
+    gives it from the whole-object parse."""
+    kept = []
+    for event in items:
+        if type(event) is not _Event or type(name := event.name) is not str:
+            continue
+        args = _UNSET
+        if event.cat == "kernel":
+            if not name.startswith("nccl"):
+                # A compute kernel, unless its args name a collective (the text must say so, or escape it).
+                text = bytes(event.args) if isinstance(event.args, msgspec.Raw) else b""
+                if b"Collective name" not in text and b"\\u" not in text:
+                    continue
+                args = _args(event.args)
+                if type(args) is not dict or "Collective name" not in args:
+                    continue
+        elif name != "record_param_comms" and not name.startswith("ProfilerStep#"):
+            continue
+        compact = {k: v for k, v in msgspec.structs.asdict(event).items() if v is not _UNSET}
+        if "args" in compact:
+            compact["args"] = _args(event.args) if args is _UNSET else args
+        kept.append(compact)
+    return kept
+
+
 class _Tokens(NamedTuple):
     """The brackets of a buffer that lie outside strings: offsets, the bytes, the nesting after each."""
 
@@ -547,12 +653,13 @@ class _TraceReader:
     def read(self) -> dict:
         carry, depth = b"", 0
         for chunk in _chunks(self.path):
-            buf = carry + chunk if carry else chunk
-            keep, depth = self._feed(buf, depth)
-            carry = buf[keep:]
+            carry, depth = self._take(carry + chunk if carry else chunk, depth)
             if len(carry) > MAX_PIECE_BYTES or len(self.skeleton) > MAX_PIECE_BYTES:
                 what = "an event" if self.in_events else "the trace outside its events"
                 raise EvidenceError(f"{self.path}: {what} is over the {MAX_PIECE_BYTES}-byte limit")
+        if self.in_events and carry:  # the events the fast path left for the next chunk: there is none
+            keep, depth = self._feed(carry, depth)
+            carry = carry[keep:]
         self.skeleton += carry
         try:
             trace = _parse(bytes(self.skeleton))
@@ -602,6 +709,70 @@ class _TraceReader:
         last = int(pos[-1]) + 1
         self.skeleton += buf[mark:last]
         return last, int(depth[-1])
+
+    def _take(self, buf: bytes, depth: int) -> tuple[bytes, int]:
+        """Take in the complete pieces of ``buf``; returns the rest and the nesting where it begins.
+
+        Outside traceEvents the bracket scanner reads up to where the array seems to open (a plain
+        ``"traceEvents": [``; the scanner decides whether it does); inside, runs of events are
+        decoded by msgspec, and what it does not take goes to the scanner.
+        """
+        at = 0
+        while not self.in_events:
+            opening = _EVENTS_KEY.search(buf, at)
+            if opening is None:
+                keep, depth = self._feed(buf[at:] if at else buf, depth)
+                return buf[at + keep :], depth
+            keep, depth = self._feed(buf[at : opening.end()], depth)
+            at += keep
+            if at != opening.end():  # the scanner kept a rest: not the place to switch
+                return buf[at:], depth
+        rest = buf[at:] if at else buf
+        taken = self._decode_run(rest)
+        if taken is None:
+            taken, depth = self._feed(rest, depth)
+        else:
+            depth = 2
+        return rest[taken:], depth
+
+    def _decode_run(self, buf: bytes) -> int | None:
+        """Decode the complete events of ``buf`` (which starts between two events of traceEvents) in one
+        msgspec call; returns where the rest begins, or None to leave ``buf`` to the bracket scanner.
+
+        The run is cut after the last "}" followed by "," and "{". If that "}" does not end an event
+        (it closes an object inside one, or sits in a string), ``[`` + run + ``]`` is not valid JSON:
+        a parser reads a prefix of the document the same way whatever follows, so it can close the
+        added array only where the real array is between two elements. What msgspec does not take
+        as the whole-document parse would (NaN, numbers past the float range, nesting deeper than
+        its recursion limit, no boundary in the last MiB) goes to the scanner.
+        """
+        end = len(buf)
+        floor = max(0, end - _BOUNDARY_TAIL)
+        while (end := buf.rfind(b"}", floor, end)) >= 0 and not _BOUNDARY.match(buf, end):
+            pass
+        if end < 0:
+            return None
+        end += 1
+        blanks = _BLANKS.match(buf)
+        start = blanks.end() if blanks else 0
+        if buf[start : start + 1] == b",":
+            if not self.seen:
+                return None  # "[," is not JSON: the scanner's parse says so
+            start += 1
+        try:
+            items = _DECODER.decode(b"[" + buf[start:end] + b"]")
+            wanted = _selected(items)
+        except (msgspec.DecodeError, RecursionError, _NotTaken):
+            return None
+        self.seen += len(items)
+        if self.seen > MAX_EVENTS:
+            raise EvidenceError(f"{self.path}: more than {MAX_EVENTS} events")
+        if len(self.events) + len(wanted) > MAX_KEPT_EVENTS:
+            raise EvidenceError(
+                f"{self.path}: more than {MAX_KEPT_EVENTS} NCCL, record_param_comms and ProfilerStep events"
+            )
+        self.events += wanted
+        return end
 
     def _close(self, char: int) -> None:
         if char != ord("]"):
