@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -35,6 +36,7 @@ ENV = "COMMINSIGHT_LIFELINE_PID"  # the pid whose end ends this process
 PR_SET_PDEATHSIG = 1
 POLL_S = 0.5
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+PROC = Path("/proc")
 
 
 def child_environment(env: Mapping[str, str] | None = None, parent_pid: int | None = None) -> dict[str, str]:
@@ -44,7 +46,16 @@ def child_environment(env: Mapping[str, str] | None = None, parent_pid: int | No
     return out
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int, proc_root: Path = PROC) -> bool:
+    """Whether process ``pid`` exists.
+
+    ``proc_root`` other than /proc (tests) is read as a directory of pids; on the real /proc the kernel
+    is asked (``kill(pid, 0)``), where a process of another user counts as alive.
+    """
+    if pid <= 0:
+        return False
+    if proc_root != PROC:
+        return (proc_root / str(pid)).exists()
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -95,7 +106,7 @@ def watch_parent(
         _set_pdeathsig(signum)
 
     def gone() -> bool:
-        return os.getppid() != parent_pid if real_parent else not _pid_alive(parent_pid)
+        return os.getppid() != parent_pid if real_parent else not pid_alive(parent_pid)
 
     def watch() -> None:  # its first look also catches a parent that died before anything was armed
         while not gone():

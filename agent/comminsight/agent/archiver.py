@@ -28,11 +28,12 @@ import numpy as np
 
 from comminsight.agent.ingest import atomic_write_json
 from comminsight.agent.providers import SpoolEntry
-from comminsight.agent.segments import SEALED_SUFFIX, SegmentError, pid_alive, read_header, read_segment
+from comminsight.agent.segments import SEALED_SUFFIX, SegmentError, read_header, read_segment
 from comminsight.agent.spool import Spool
 from comminsight.evidence.process_groups import FILE_NAME as TABLE_NAME
 from comminsight.evidence.process_groups import MAX_TABLE_BYTES, TableError, parse_table
 from comminsight.formats.archive import MEMBER_NAME, ArchiveMember, archive_filename, write_archive
+from comminsight.lifeline import pid_alive
 
 log = logging.getLogger("comminsight.agent.archiver")
 MAX_HANG_FILE_BYTES = 16 << 20

@@ -27,7 +27,6 @@ from comminsight.agent.diagnosis import SENT_EVIDENCE_RECORDS, NodeEvidence, dia
 from comminsight.agent.ingest import Ingest, atomic_write_json
 from comminsight.agent.providers import build_providers
 from comminsight.agent.samplers import Samplers
-from comminsight.agent.segments import pid_alive
 from comminsight.agent.server import AgentServer
 from comminsight.agent.spool import Spool
 from comminsight.agent.state import LiveState
@@ -326,7 +325,7 @@ class Agent:
         """Ask every live writer to seal its open segment, so the archive about to be made is current."""
         requests = {}
         for name, ring in self.ingest.rings.items():
-            if not ring.reader.counters()["writer_closed"] and pid_alive(
+            if not ring.reader.counters()["writer_closed"] and lifeline.pid_alive(
                 ring.reader.info.writer_pid, self.ingest.proc_root
             ):
                 requests[name] = ring.reader.request_seal()
@@ -549,7 +548,7 @@ class Agent:
     def _writers_alive(self) -> bool:
         """Whether any writer process of a ring on this node still runs (the job is not finished)."""
         for ring in self.ingest.rings.values():
-            if not ring.reader.counters()["writer_closed"] and pid_alive(
+            if not ring.reader.counters()["writer_closed"] and lifeline.pid_alive(
                 ring.reader.info.writer_pid, self.ingest.proc_root
             ):
                 return True

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from comminsight.agent.segments import SEALED_SUFFIX, SegmentError, pid_alive, read_from, read_header
+from comminsight.agent.segments import SEALED_SUFFIX, SegmentError, read_from, read_header
 from comminsight.agent.state import LiveState
 from comminsight.formats import header
 from comminsight.formats.ring import RingError, RingReader
+from comminsight.lifeline import pid_alive
 
 log = logging.getLogger("comminsight.agent.ingest")
 CHECKPOINT_VERSION = 1

@@ -1,4 +1,4 @@
-"""Raw-log segments as the agent sees them: whole reads, record reads from an offset, and orphans.
+"""Raw-log segments as the agent sees them: whole reads and record reads from an offset.
 
 A segment (``<home>/inspector_logs/*.cilog``, renamed ``*.cilog.sealed`` when closed) is a
 ``ci_log_header`` followed by ``ci_op_record``'s (native/profiler/include/comminsight_ring.h). Reads
@@ -8,7 +8,6 @@ checksum verify, and stop at a torn tail without failing.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,6 @@ __all__ = [
     "SegmentError",
     "SegmentHeader",
     "parse_header",
-    "pid_alive",
     "read_from",
     "read_header",
     "read_segment",
@@ -34,7 +32,7 @@ OPEN_SUFFIX = ".cilog"
 
 
 # Header parsing and record extraction belong to the format (comminsight.formats.rawlog); the agent
-# adds reading from an offset while a segment grows, and orphan detection.
+# adds reading from an offset while a segment grows.
 SegmentError = RawLogError
 
 
@@ -59,18 +57,3 @@ def read_from(path: Path, offset: int, max_bytes: int) -> tuple[np.ndarray, int,
         raw = handle.read(max_bytes - max_bytes % rec_size)
     records, whole, corrupt = records_from_bytes(raw)
     return records, offset + whole * rec_size, corrupt
-
-
-def pid_alive(pid: int, proc_root: Path = Path("/proc")) -> bool:
-    """Whether process ``pid`` exists (via ``proc_root``, injectable for tests)."""
-    if pid <= 0:
-        return False
-    if proc_root != Path("/proc"):
-        return (proc_root / str(pid)).exists()
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
