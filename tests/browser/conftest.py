@@ -5,13 +5,17 @@ Screenshots go to tests/browser/artifacts/ (git-ignored) so a person can look at
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).parent / "artifacts"
+PLUGIN = Path(__file__).resolve().parents[2] / "native/profiler/build/libnccl-profiler-comminsight.so"
 
 # Playwright's sync API keeps an event loop running in this thread; the test's own ORM calls are still
 # synchronous and safe, so tell Django not to refuse them.
@@ -60,3 +64,52 @@ def celery_eager():
     app.conf.CELERY_TASK_ALWAYS_EAGER = True
     yield
     app.conf.CELERY_TASK_ALWAYS_EAGER = previous
+
+
+@pytest.fixture
+def profiler_plugin() -> Path:
+    """The built profiler plugin, which the demo job runs through; the test is skipped without it."""
+    if not PLUGIN.exists():
+        pytest.skip("profiler plugin not built (make -C native/profiler)")
+    return PLUGIN
+
+
+@pytest.fixture
+def sign_in(page, live_server) -> Callable[[str], None]:
+    """``sign_in("bob")``: a persona signs in on the live server's page and lands on the workload list."""
+    from tests.conftest import PASSWORD
+
+    def sign_in(username: str) -> None:
+        page.goto(live_server.url + "/accounts/login/")
+        page.fill("#id_username", username)
+        page.fill("#id_password", PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_url("**/workloads/")
+
+    return sign_in
+
+
+@pytest.fixture
+def demo_job(live_server, page, personas, data_dir, celery_eager, settings, profiler_plugin):
+    """``with demo_job(plan) as workload:`` clicks "Run a demo job" on the open list (root's, signed in by the
+    test) and gives the new workload once its page opens; leaving waits for the job to end (up to 4 minutes), so
+    what follows reads a finished job and no job outlives the test. The site starts with no workloads, the list
+    that offers the demo."""
+    from apps.workloads.demo import demo_running
+    from apps.workloads.models import Workload
+
+    Workload.objects.all().delete()
+
+    @contextlib.contextmanager
+    def run(plan: dict) -> Iterator[Workload]:
+        settings.DEMO_PLAN = plan
+        page.click("#run-demo")
+        try:
+            page.wait_for_url("**/workloads/*/")
+            yield Workload.objects.get()
+        finally:
+            deadline = time.monotonic() + 240
+            while demo_running() and time.monotonic() < deadline:
+                time.sleep(1)
+
+    return run

@@ -21,23 +21,13 @@ window.addEventListener("message", (e) => {
 </script>"""
 
 
-def sign_in(page, live_server, username: str) -> None:
-    from tests.conftest import PASSWORD
-
-    page.goto(live_server.url + "/accounts/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url("**/workloads/")
-
-
 def test_running_a_hang_analysis_shows_the_verdict_and_the_trace_opens_in_perfetto(
-    live_server, page, personas, data_dir, celery_eager, artifacts
+    live_server, page, sign_in, personas, data_dir, celery_eager, artifacts
 ):
     from tests.site.analysis_tables import hung_table, write_store
 
     write_store(data_dir, personas.workload.pk, hung_table(ranks=4, stuck_rank=2))
-    sign_in(page, live_server, "bob")
+    sign_in("bob")
     page.goto(f"{live_server.url}/workloads/{personas.workload.pk}/")
     page.click('[data-run-analysis="hang"]')
     page.wait_for_url(re.compile(r".*/analyses/\d+/$"))
@@ -67,14 +57,14 @@ def test_running_a_hang_analysis_shows_the_verdict_and_the_trace_opens_in_perfet
 
 
 def test_straggler_and_step_pages_show_the_culprit_and_the_calibrated_steps(
-    live_server, page, personas, data_dir, celery_eager, artifacts
+    live_server, page, sign_in, personas, data_dir, celery_eager, artifacts
 ):
     from apps.workloads.models import Workload
     from tests.site.analysis_tables import straggler_table, write_store
 
     workload = Workload.objects.create(name="bert-ddp", external_id="job-3", owner=personas.alice)
     write_store(data_dir, workload.pk, straggler_table(late_rank=3))
-    sign_in(page, live_server, "alice")
+    sign_in("alice")
     page.goto(f"{live_server.url}/workloads/{workload.pk}/")
     page.click('[data-run-analysis="stragglers"]')
     page.wait_for_selector("[data-culprits]")
@@ -94,13 +84,13 @@ def test_straggler_and_step_pages_show_the_culprit_and_the_calibrated_steps(
 
 
 def test_open_in_perfetto_gives_up_with_advice_when_perfetto_is_unreachable(
-    live_server, page, personas, data_dir, artifacts
+    live_server, page, sign_in, personas, data_dir, artifacts
 ):
     from tests.site.analysis_tables import hung_table, write_store
 
     write_store(data_dir, personas.workload.pk, hung_table(ranks=4, stuck_rank=2))
     page.context.route(re.compile(r"^https://ui\.perfetto\.dev/.*"), lambda route: route.abort("internetdisconnected"))
-    sign_in(page, live_server, "alice")
+    sign_in("alice")
     page.clock.install()
     page.goto(f"{live_server.url}/workloads/{personas.workload.pk}/trace/")
     with page.context.expect_page():

@@ -4,19 +4,12 @@ hung rank and the straggler."""
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
 import pytest
 
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not (Path(__file__).resolve().parents[2] / "native/profiler/build/libnccl-profiler-comminsight.so").exists(),
-        reason="profiler plugin not built (make -C native/profiler)",
-    ),
 ]
 
 # Short enough for a test, long enough that the job is seen running before it hangs (margins for a busy machine).
@@ -32,24 +25,13 @@ PLAN = {
 
 
 def test_root_runs_the_demo_and_watches_it_hang_then_reads_the_analyses(
-    live_server, page, personas, data_dir, celery_eager, settings, artifacts
+    page, live_server, sign_in, demo_job, artifacts
 ):
     from apps.analysis.models import AnalysisJob
-    from apps.workloads.demo import demo_running
-    from apps.workloads.models import Workload
-    from tests.conftest import PASSWORD
 
-    settings.DEMO_PLAN = PLAN
-    Workload.objects.all().delete()
-    page.goto(live_server.url + "/accounts/login/")
-    page.fill("#id_username", "root")
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url("**/workloads/")
+    sign_in("root")
     page.screenshot(path=artifacts / "20-demo-offer.png", full_page=True)
-    page.click("#run-demo")
-    try:
-        page.wait_for_url("**/workloads/*/")
+    with demo_job(PLAN) as workload:
         assert "The demo job is starting" in page.inner_text(".messages")
         # The open page follows the job without a reload (live regions and status badge poll every 15 s here:
         # the test server has no WebSockets).
@@ -59,11 +41,7 @@ def test_root_runs_the_demo_and_watches_it_hang_then_reads_the_analyses(
         page.screenshot(path=artifacts / "21-demo-hung.png", full_page=True)
         page.wait_for_function("!document.querySelector('#no-archives')", timeout=120_000)
         assert "16" in page.inner_text("#workload-facts .stats")
-    finally:
-        deadline = time.monotonic() + 240
-        while demo_running() and time.monotonic() < deadline:
-            time.sleep(1)
-    workload = Workload.objects.get()
+    workload.refresh_from_db()
     assert workload.status == "hung", "a job aborted while hung must stay hung"
     assert workload.ranks.count() == 16
     jobs = {job.kind: job for job in AnalysisJob.objects.filter(workload=workload)}

@@ -22,10 +22,6 @@ import pytest
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not (Path(__file__).resolve().parents[2] / "native/profiler/build/libnccl-profiler-comminsight.so").exists(),
-        reason="profiler plugin not built (make -C native/profiler)",
-    ),
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +52,7 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @pytest.fixture(params=["embedded", "services"])
-def served_site(request, tmp_path) -> Iterator[ServedSite]:
+def served_site(request, tmp_path, profiler_plugin) -> Iterator[ServedSite]:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COMMINSIGHT_", "DJANGO_", "DATABASE_", "REDIS_"))}
     env.update(

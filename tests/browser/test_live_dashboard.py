@@ -4,7 +4,6 @@ each rank's step times while the job still runs (the live step engine on the nod
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
@@ -13,10 +12,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(900),  # sixteen simulated ranks start slowly on a shared 2-core machine
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not (Path(__file__).resolve().parents[2] / "native/profiler/build/libnccl-profiler-comminsight.so").exists(),
-        reason="profiler plugin not built (make -C native/profiler)",
-    ),
 ]
 
 # Long enough that the agent's engine warms up (512 operations per GPU) and steps become final well before the
@@ -32,25 +27,12 @@ PLAN = {
 }
 
 
-def test_the_dashboard_shows_step_times_per_rank_while_the_job_runs(
-    live_server, page, personas, data_dir, celery_eager, settings, artifacts
-):
+def test_the_dashboard_shows_step_times_per_rank_while_the_job_runs(page, live_server, sign_in, demo_job, artifacts):
     from apps.monitoring.models import Point, Series
-    from apps.workloads.demo import demo_running
     from apps.workloads.models import Workload, WorkloadStatus
-    from tests.conftest import PASSWORD
 
-    settings.DEMO_PLAN = PLAN
-    Workload.objects.all().delete()
-    page.goto(live_server.url + "/accounts/login/")
-    page.fill("#id_username", "root")
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url("**/workloads/")
-    page.click("#run-demo")
-    try:
-        page.wait_for_url("**/workloads/*/")
-        workload = Workload.objects.get()
+    sign_in("root")
+    with demo_job(PLAN) as workload:
         seen_while = None
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
@@ -59,10 +41,6 @@ def test_the_dashboard_shows_step_times_per_rank_while_the_job_runs(
                 break
             time.sleep(0.5)
         assert seen_while == WorkloadStatus.RUNNING, "step times must arrive while the job runs"
-    finally:
-        deadline = time.monotonic() + 240
-        while demo_running() and time.monotonic() < deadline:
-            time.sleep(1)
     # The page once the job is over (the test server ingests archives in its request thread while it runs).
     page.goto(f"{live_server.url}/workloads/{workload.pk}/monitoring/?range=1h")
     page.wait_for_selector(f'[data-chart="chart-{workload.pk}-step_duration_s"][data-chart-ready] svg', timeout=120_000)

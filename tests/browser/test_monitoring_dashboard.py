@@ -9,16 +9,6 @@ from django.utils import timezone
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
-def sign_in(page, live_server, username: str) -> None:
-    from tests.conftest import PASSWORD
-
-    page.goto(live_server.url + "/accounts/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url("**/workloads/")
-
-
 def fill_last_quarter_hour(workload, ranks: int = 16) -> None:
     """Heartbeat-like series for the last 15 minutes: step times (rank 5 slower), GPUs, one NIC with errors."""
     from apps.monitoring.services import Sample, points_record
@@ -39,7 +29,7 @@ def fill_last_quarter_hour(workload, ranks: int = 16) -> None:
     points_record(workload.pk, samples)
 
 
-def test_the_dashboard_draws_the_charts_and_follows_new_heartbeats(live_server, page, personas, artifacts):
+def test_the_dashboard_draws_the_charts_and_follows_new_heartbeats(live_server, page, sign_in, personas, artifacts):
     import httpx
 
     from apps.workloads.models import WorkloadStatus
@@ -49,7 +39,7 @@ def test_the_dashboard_draws_the_charts_and_follows_new_heartbeats(live_server, 
     workload.save()
     fill_last_quarter_hour(workload)
     page.clock.install()  # lets the test move the page's polling timer forward
-    sign_in(page, live_server, "bob")  # bob sees alice's workload through a read share
+    sign_in("bob")  # bob sees alice's workload through a read share
 
     page.goto(f"{live_server.url}/monitoring/?range=1h")
     page.wait_for_selector(f'[data-chart="chart-{workload.pk}-step_duration_s"][data-chart-ready] svg')
@@ -85,7 +75,9 @@ def test_the_dashboard_draws_the_charts_and_follows_new_heartbeats(live_server, 
     page.screenshot(path=artifacts / "22-monitoring-live-update.png", full_page=True)
 
 
-def test_the_straggler_page_shows_the_nic_counters_of_the_culprits_node(live_server, page, personas, artifacts):
+def test_the_straggler_page_shows_the_nic_counters_of_the_culprits_node(
+    live_server, page, sign_in, personas, artifacts
+):
     from apps.analysis.models import AnalysisJob, JobState
     from apps.workloads.models import Node, Rank
 
@@ -118,7 +110,7 @@ def test_the_straggler_page_shows_the_nic_counters_of_the_culprits_node(live_ser
             "step_source": "labels",
         },
     )
-    sign_in(page, live_server, "alice")
+    sign_in("alice")
     page.goto(f"{live_server.url}/workloads/{workload.pk}/analyses/{job.pk}/")
     verdict = page.inner_text("[data-nic-verdict]")
     assert verdict.startswith("NIC counters move with this slowness")

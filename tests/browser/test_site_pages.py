@@ -10,25 +10,15 @@ import pytest
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
-def sign_in(page, live_server, username: str) -> None:
-    from tests.conftest import PASSWORD
-
-    page.goto(live_server.url + "/accounts/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url("**/workloads/")
-
-
 def test_owner_shares_unshares_deletes_results_and_then_the_workload(
-    live_server, page, personas, data_dir, celery_eager, artifacts
+    live_server, page, sign_in, personas, data_dir, celery_eager, artifacts
 ):
     from apps.analysis.models import AnalysisJob
     from apps.workloads.models import Workload, WorkloadShare
     from tests.site.analysis_tables import straggler_table, write_store
 
     write_store(data_dir, personas.workload.pk, straggler_table(buckets=3))
-    sign_in(page, live_server, "alice")
+    sign_in("alice")
     page.goto(f"{live_server.url}/workloads/{personas.workload.pk}/")
     page.click("text=Share or unshare…")
     page.fill("#id_username", "carol")
@@ -70,7 +60,7 @@ def test_owner_shares_unshares_deletes_results_and_then_the_workload(
 
 
 def test_administrator_sets_shared_concurrency_sees_background_jobs_and_reads_about(
-    live_server, page, personas, artifacts
+    live_server, page, sign_in, personas, artifacts
 ):
     from apps.analysis.models import AnalysisJob
     from apps.workloads.models import Archive, SystemSettings
@@ -81,7 +71,7 @@ def test_administrator_sets_shared_concurrency_sees_background_jobs_and_reads_ab
     job = AnalysisJob.objects.create(
         workload=personas.workload, kind="hang", parameters_key="x", created_by=personas.bob
     )
-    sign_in(page, live_server, "admin")
+    sign_in("admin")
     page.click("nav >> text=Settings")
     page.fill("#id_max_running_analyses", "2")
     page.click("form.stack button[type=submit]")

@@ -1,4 +1,5 @@
-"""Site test fixtures: every test gets its own data directory (bootstrap token file, uploads, Parquet)."""
+"""Site test fixtures: every test gets its own data directory (bootstrap token file, uploads, Parquet); clients
+for the personas who call the API."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from django.test import Client
 
 
 @pytest.fixture(autouse=True)
@@ -15,6 +17,20 @@ def data_dir(settings, tmp_path: Path) -> Path:
     settings.DATA_DIR = path
     settings.BOOTSTRAP_TOKEN_PATH = path / "bootstrap-token"
     return path
+
+
+@pytest.fixture
+def alice(personas) -> Client:
+    """Alice signed in, as the pages' own API calls are."""
+    client = Client()
+    client.force_login(personas.alice)
+    return client
+
+
+@pytest.fixture
+def agent(personas) -> Client:
+    """Alice's node agent: her agent token as a bearer."""
+    return Client(HTTP_AUTHORIZATION=f"Bearer {personas.agent_secret}")
 
 
 @pytest.fixture(autouse=True)

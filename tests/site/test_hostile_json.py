@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.test import Client
 
 from apps.workloads import ingest
 from apps.workloads.models import Archive, ArchiveState
@@ -15,18 +14,6 @@ from tests.site.archives import manifest_entry, manifest_for, regular, segment_b
 from tests.site.test_ingest_archives import register
 
 DEEP = b"[" * 200_000 + b"]" * 200_000
-
-
-@pytest.fixture
-def alice(personas) -> Client:
-    client = Client()
-    client.force_login(personas.alice)
-    return client
-
-
-@pytest.fixture
-def agent(personas) -> Client:
-    return Client(HTTP_AUTHORIZATION=f"Bearer {personas.agent_secret}")
 
 
 def routes(personas) -> list[tuple[str, str]]:

@@ -30,18 +30,6 @@ def beat(client: Client, node: str, seq: int, lagging=(), hang=None, finished=Fa
     return client.post(reverse("api-ingest-live"), body, content_type="application/json")
 
 
-@pytest.fixture
-def alice(personas) -> Client:
-    client = Client()
-    client.force_login(personas.alice)
-    return client
-
-
-@pytest.fixture
-def agent(personas) -> Client:
-    return Client(HTTP_AUTHORIZATION=f"Bearer {personas.agent_secret}")
-
-
 def test_heartbeat_marks_the_workload_running_and_keeps_the_latest_per_node(agent, personas):
     assert beat(agent, "n1", 5).status_code == 202
     assert beat(agent, "n1", 9).status_code == 202

@@ -61,11 +61,6 @@ def heartbeat(node: str = "n1", workload: str = "job-mon", **extra) -> dict:
     return body
 
 
-@pytest.fixture
-def agent(personas) -> Client:
-    return Client(HTTP_AUTHORIZATION=f"Bearer {personas.agent_secret}")
-
-
 def post(agent: Client, body: dict):
     return agent.post(reverse("api-ingest-live"), body, content_type="application/json")
 
