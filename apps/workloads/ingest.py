@@ -59,7 +59,7 @@ from .bulk import communicators_merge, ranks_upsert
 from .live import publish_workload_changed
 from .models import Archive, ArchiveSource, ArchiveState, Node, Workload
 from .names import communicator_names_apply, stage_process_group_table
-from .uploads import DISK_FULL_ERRNOS
+from .uploads import DISK_FULL_ERRNOS, archive_key
 
 logger = logging.getLogger(__name__)
 
@@ -428,6 +428,66 @@ def archive_queued_cancel(archive_id: int, by: str) -> bool:
         if archive is None or archive.state != ArchiveState.STORED or archive.lease_owner:
             return False
         _quarantine(archive, f"{INGEST_CANCELLED}{by}.")
+    return True
+
+
+INGEST_REQUEUED = "Re-queued by "
+
+
+class RequeueRefused(Exception):
+    """An archive cannot go back in the ingest queue; the message says why (shown to the administrator)."""
+
+
+def archive_quarantined_requeue(archive_id: int, by: str) -> bool:
+    """Put a quarantined archive (refused, given up on, or cancelled) back in the ingest queue: state stored,
+    attempts counted from 0 again (so it gets ``INGEST_MAX_ATTEMPTS`` more, no more), ``requeued_by`` and
+    ``requeued_at`` kept, and the reason "Re-queued by <by> (quarantined before: <old reason>)" until an attempt
+    ends; its ingest is queued once this commits. Uploaded bytes move back from ``quarantine/`` to where stored
+    archives live (every row sharing them follows).
+
+    True when this call re-queued it; False when it was already waiting for or held by an ingest (nothing
+    changes: asking twice is harmless). Raises :class:`RequeueRefused` for an ingested archive and for one whose
+    stored bytes are gone or no longer the size recorded (a discovered file removed or rewritten since)."""
+    from .tasks import ingest_archive  # tasks import this module
+
+    with transaction.atomic():
+        archive = Archive.objects.select_for_update().filter(pk=archive_id).first()
+        if archive is None:
+            raise RequeueRefused("no such archive")
+        if archive.state == ArchiveState.STORED:
+            return False
+        if archive.state != ArchiveState.QUARANTINED:
+            raise RequeueRefused(f"{archive.filename} is already ingested")
+        store = object_store()
+        if not store.exists(archive.path) or store.size(archive.path) != archive.size:
+            raise RequeueRefused(
+                f"the stored bytes of {archive.filename} are gone or changed (expected {archive.size} bytes "
+                f"at {archive.path})"
+            )
+        stored_at = store.location(archive_key(archive.sha256))
+        if archive.source == ArchiveSource.UPLOAD and archive.path != stored_at:
+            quarantined_at = archive.path
+            archive.path = store.move(quarantined_at, archive_key(archive.sha256))
+            Archive.objects.filter(path=quarantined_at).exclude(pk=archive.pk).update(path=archive.path)
+        archive.state = ArchiveState.STORED
+        archive.attempts = 0
+        archive.reason = f"{INGEST_REQUEUED}{by} (quarantined before: {archive.reason})"[:2000]
+        archive.lease_owner, archive.lease_until = "", None
+        archive.requeued_by, archive.requeued_at = by, timezone.now()
+        archive.save(
+            update_fields=[
+                "path",
+                "state",
+                "attempts",
+                "reason",
+                "lease_owner",
+                "lease_until",
+                "requeued_by",
+                "requeued_at",
+            ]
+        )
+        transaction.on_commit(lambda: ingest_archive.delay(archive.pk))
+    logger.info("archive %s re-queued for ingest by %s", archive.sha256[:12], by)
     return True
 
 

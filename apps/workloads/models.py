@@ -168,6 +168,9 @@ class Archive(models.Model):
     # owner, ``lease_until`` is the earliest time the requeue tries a failed archive again.
     lease_owner = models.CharField(max_length=32, blank=True, default="")
     lease_until = models.DateTimeField(null=True, blank=True)
+    # The last administrator who put a quarantined (or cancelled) archive back in the ingest queue, and when.
+    requeued_by = models.CharField(max_length=150, blank=True, default="")
+    requeued_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

@@ -96,6 +96,11 @@ class BackgroundTask:
     def cancellable(self) -> bool:
         return self.state == "queued" or (self.kind == "analysis" and self.state == "running")
 
+    @property
+    def requeueable(self) -> bool:
+        """A quarantined (or cancelled) ingest; whether its bytes are still there is checked when asked."""
+        return self.kind == "ingest" and self.state == "failed"
+
 
 def background_tasks(limit: int = 200) -> list[BackgroundTask]:
     """Every queued, running or failed background task the site started, newest first, read from the database

@@ -23,7 +23,7 @@ from django.utils import timezone
 from apps.accounts.models import User
 from comminsight.evidence.schema import conform
 
-from .ingest import ManifestFacts, archive_queued_cancel
+from .ingest import ManifestFacts, archive_quarantined_requeue, archive_queued_cancel
 from .models import Archive, ArchiveSource, ShareLevel, Workload, WorkloadShare
 from .selectors import workload_can_manage
 
@@ -79,6 +79,15 @@ def archive_ingest_cancel(*, actor: User, archive: Archive) -> bool:
     if not actor.is_site_admin:
         raise WorkloadPermissionDenied("Only administrators cancel background jobs.")
     return archive_queued_cancel(archive.pk, actor.username)
+
+
+def archive_ingest_requeue(*, actor: User, archive: Archive) -> bool:
+    """Administrators put a quarantined or cancelled archive back in the ingest queue (System Settings, API),
+    recorded as theirs. True when queued now, False when it was already waiting; raises ``RequeueRefused``
+    (ingested, or its stored bytes are gone)."""
+    if not actor.is_site_admin:
+        raise WorkloadPermissionDenied("Only administrators re-queue an ingest.")
+    return archive_quarantined_requeue(archive.pk, actor.username)
 
 
 def workload_remove(workload: Workload, *, by: str) -> None:

@@ -15,4 +15,5 @@ urlpatterns = [
     path("settings/", views.system_settings, name="settings"),
     path("settings/jobs/<int:job_id>/cancel/", views.background_job_cancel, name="job_cancel"),
     path("settings/ingests/<int:archive_id>/cancel/", views.ingest_cancel, name="ingest_cancel"),
+    path("settings/ingests/<int:archive_id>/requeue/", views.ingest_requeue, name="ingest_requeue"),
 ]

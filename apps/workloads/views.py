@@ -22,7 +22,7 @@ from comminsight_site.charts import topology_option
 
 from .demo import DemoError, demo_start_in_background
 from .discovery import discovery_last_scan, discovery_root
-from .ingest import workload_parquet_files
+from .ingest import RequeueRefused, workload_parquet_files
 from .models import Archive, ShareLevel, SystemSettings, Workload
 from .selectors import (
     background_tasks,
@@ -33,7 +33,14 @@ from .selectors import (
     workloads_visible_to,
     workloads_with_counts,
 )
-from .services import WorkloadError, archive_ingest_cancel, workload_delete, workload_share, workload_unshare
+from .services import (
+    WorkloadError,
+    archive_ingest_cancel,
+    archive_ingest_requeue,
+    workload_delete,
+    workload_share,
+    workload_unshare,
+)
 
 
 def _connect_hint(request: HttpRequest) -> dict[str, str]:
@@ -325,4 +332,23 @@ def ingest_cancel(request: HttpRequest, archive_id: int) -> HttpResponse:
         )
     else:
         messages.info(request, "That archive was not waiting for ingest (being ingested, ingested or quarantined).")
+    return redirect("workloads:settings")
+
+
+@login_required
+@require_POST
+def ingest_requeue(request: HttpRequest, archive_id: int) -> HttpResponse:
+    """Administrators put a quarantined or cancelled archive back in the ingest queue; others: 404."""
+    if not request.user.is_site_admin:
+        raise Http404
+    archive = get_object_or_404(Archive, pk=archive_id)
+    try:
+        queued = archive_ingest_requeue(actor=request.user, archive=archive)
+    except RequeueRefused as exc:
+        messages.error(request, f"Not re-queued: {exc}.")
+    else:
+        if queued:
+            messages.success(request, f"Ingest of {archive.filename} re-queued.")
+        else:
+            messages.info(request, f"{archive.filename} was already waiting for ingest.")
     return redirect("workloads:settings")

@@ -60,13 +60,22 @@ def test_owner_shares_unshares_deletes_results_and_then_the_workload(
 
 
 def test_administrator_sets_shared_concurrency_sees_background_jobs_and_reads_about(
-    live_server, page, sign_in, personas, artifacts
+    live_server, page, sign_in, personas, data_dir, celery_eager, tmp_path, artifacts
 ):
     from apps.analysis.models import AnalysisJob
     from apps.workloads.models import Archive, SystemSettings
+    from apps.workloads.uploads import archive_key
+    from comminsight_site.objectstore import object_store
+    from tests.site.archives import sha256_of, valid_archive
 
-    archive = Archive.objects.create(
-        sha256="cd" * 32, size=10, filename="waiting.tar.zst", owner=personas.alice, path="archives/waiting"
+    bytes_at = valid_archive(tmp_path, workload="job-waiting")
+    sha256 = sha256_of(bytes_at)
+    archive = Archive.objects.create(  # stored, its ingest not queued (no task runs before the admin acts)
+        sha256=sha256,
+        size=bytes_at.stat().st_size,
+        filename="waiting.tar.zst",
+        owner=personas.alice,
+        path=object_store().put_file(bytes_at, archive_key(sha256)),
     )
     job = AnalysisJob.objects.create(
         workload=personas.workload, kind="hang", parameters_key="x", created_by=personas.bob
@@ -89,6 +98,12 @@ def test_administrator_sets_shared_concurrency_sees_background_jobs_and_reads_ab
     assert "Ingest cancelled by admin." in page.inner_text("#background-jobs tr[data-kind=ingest]")
     archive.refresh_from_db()
     assert archive.state == "quarantined"
+    page.screenshot(path=artifacts / "36-settings-requeue.png", full_page=True)
+    page.click("#background-jobs tr[data-kind=ingest] button:has-text('Re-queue')")
+    assert "Ingest of waiting.tar.zst re-queued." in page.inner_text(".messages")
+    archive.refresh_from_db()  # the test server ran the queued ingest in the request
+    assert (archive.state, archive.requeued_by, archive.workload.external_id) == ("ingested", "admin", "job-waiting")
+    assert "waiting.tar.zst" not in page.inner_text("#background-jobs")
 
     page.click("nav >> text=About")
     page.wait_for_selector("[data-chart='architecture-chart'][data-chart-ready]")

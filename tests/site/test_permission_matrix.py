@@ -183,6 +183,10 @@ MATRIX: dict[str, list[Case]] = {
         Case("post", statuses(302, 302, 302, 302, 404, 404, 404), kwargs=alice_archive),
         Case("get", statuses(302, 302, 405, 405, 405, 405, 405), kwargs=alice_archive),
     ],
+    "workloads:ingest_requeue": [
+        Case("post", statuses(302, 302, 302, 302, 404, 404, 404), kwargs=alice_archive),
+        Case("get", statuses(302, 302, 405, 405, 405, 405, 405), kwargs=alice_archive),
+    ],
     "api-workload-archives": [
         Case(
             "get",
@@ -193,6 +197,11 @@ MATRIX: dict[str, list[Case]] = {
     ],
     "api-archives": [
         Case("get", statuses(403, 403, 200, 200, 200, 200, 200), count={"root": 0, "alice": 0, "carol": 0})
+    ],
+    # The owner sees the archive but only administrators re-queue it (a waiting archive: nothing changes).
+    "api-archive-requeue": [
+        Case("post", statuses(403, 403, 200, 200, 403, 404, 404), kwargs=alice_archive),
+        Case("get", everyone(405), kwargs=alice_archive),
     ],
     "api-ingest-uploads": [
         Case(

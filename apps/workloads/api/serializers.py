@@ -52,6 +52,8 @@ class ArchiveSerializer(serializers.ModelSerializer):
             "created_at",
             "ingested_at",
             "attempts",
+            "requeued_by",
+            "requeued_at",
         ]
         read_only_fields = fields
 

@@ -17,6 +17,7 @@ urlpatterns = [
         "workloads/<int:workload_id>/archives/", views.WorkloadArchiveListView.as_view(), name="api-workload-archives"
     ),
     path("archives/", views.ArchiveListView.as_view(), name="api-archives"),
+    path("archives/<int:archive_id>/requeue/", views.ArchiveRequeueView.as_view(), name="api-archive-requeue"),
     path("ingest/uploads/", ingest.UploadCreateView.as_view(), name="api-ingest-uploads"),
     path("ingest/uploads/<uuid:upload_id>/", ingest.UploadDetailView.as_view(), name="api-ingest-upload"),
     path(

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from apps.accounts.models import User
 from apps.workloads import services
+from apps.workloads.ingest import RequeueRefused
 from apps.workloads.models import ArchiveState, Workload
 from apps.workloads.selectors import (
     archives_visible_to,
@@ -115,3 +116,30 @@ class ArchiveListView(APIView):
                 raise ValidationError({"state": f"one of {', '.join(ArchiveState.values)}"})
             archives = archives.filter(state=state)
         return Response(ArchiveSerializer(archives[:1000], many=True).data)
+
+
+class ArchiveRequeueView(APIView):
+    @extend_schema(
+        request=None,
+        responses={
+            200: ArchiveSerializer,
+            409: inline_serializer("RequeueRefused", {"detail": serializers.CharField()}),
+        },
+        summary="Put a quarantined or cancelled archive back in the ingest queue (administrators)",
+        description=(
+            "The archive is stored again with its attempts counted from 0 and `requeued_by`/`requeued_at` set, "
+            "and its ingest is queued. Asking again while it waits or is being ingested changes nothing (200). "
+            "409 when it is already ingested or its stored bytes are gone or changed. The owner may see the "
+            "archive but gets 403; anyone else 404."
+        ),
+    )
+    def post(self, request: Request, archive_id: int) -> Response:
+        archive = get_object_or_404(archives_visible_to(request.user), pk=archive_id)
+        try:
+            services.archive_ingest_requeue(actor=request.user, archive=archive)
+        except services.WorkloadPermissionDenied as exc:
+            raise PermissionDenied(str(exc)) from exc
+        except RequeueRefused as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        archive.refresh_from_db()
+        return Response(ArchiveSerializer(archive).data)
