@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 
 from django import forms
 from django.conf import settings
@@ -305,26 +307,35 @@ def system_settings(request: HttpRequest) -> HttpResponse:
     return render(request, "workloads/settings.html", context, status=status)
 
 
-@login_required
-@require_POST
-def background_job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
-    """Administrators cancel a queued or running analysis job; for others this does not exist."""
-    if not request.user.is_site_admin:
-        raise Http404
+def settings_action(view: Callable[..., None]) -> Callable[..., HttpResponse]:
+    """An administrators' POST action of System Settings: for anyone else it does not exist (404); the view
+    leaves its outcome as a message, and the answer is the settings page again."""
+
+    @login_required
+    @require_POST
+    @functools.wraps(view)
+    def action(request: HttpRequest, **kwargs: int) -> HttpResponse:
+        if not request.user.is_site_admin:
+            raise Http404
+        view(request, **kwargs)
+        return redirect("workloads:settings")
+
+    return action
+
+
+@settings_action
+def background_job_cancel(request: HttpRequest, job_id: int) -> None:
+    """Administrators cancel a queued or running analysis job."""
     job = get_object_or_404(AnalysisJob, pk=job_id)
     if analysis_cancel(request.user, job):
         messages.success(request, f"{job.get_kind_display()} of {job.workload.name} cancelled.")
     else:
         messages.info(request, "That job had already finished.")
-    return redirect("workloads:settings")
 
 
-@login_required
-@require_POST
-def ingest_cancel(request: HttpRequest, archive_id: int) -> HttpResponse:
-    """Administrators cancel an archive's queued ingest (it is quarantined, bytes kept); others: 404."""
-    if not request.user.is_site_admin:
-        raise Http404
+@settings_action
+def ingest_cancel(request: HttpRequest, archive_id: int) -> None:
+    """Administrators cancel an archive's queued ingest (it is quarantined, bytes kept)."""
     archive = get_object_or_404(Archive, pk=archive_id)
     if archive_ingest_cancel(actor=request.user, archive=archive):
         messages.success(
@@ -332,15 +343,11 @@ def ingest_cancel(request: HttpRequest, archive_id: int) -> HttpResponse:
         )
     else:
         messages.info(request, "That archive was not waiting for ingest (being ingested, ingested or quarantined).")
-    return redirect("workloads:settings")
 
 
-@login_required
-@require_POST
-def ingest_requeue(request: HttpRequest, archive_id: int) -> HttpResponse:
-    """Administrators put a quarantined or cancelled archive back in the ingest queue; others: 404."""
-    if not request.user.is_site_admin:
-        raise Http404
+@settings_action
+def ingest_requeue(request: HttpRequest, archive_id: int) -> None:
+    """Administrators put a quarantined or cancelled archive back in the ingest queue."""
     archive = get_object_or_404(Archive, pk=archive_id)
     try:
         queued = archive_ingest_requeue(actor=request.user, archive=archive)
@@ -351,4 +358,3 @@ def ingest_requeue(request: HttpRequest, archive_id: int) -> HttpResponse:
             messages.success(request, f"Ingest of {archive.filename} re-queued.")
         else:
             messages.info(request, f"{archive.filename} was already waiting for ingest.")
-    return redirect("workloads:settings")
