@@ -15,18 +15,28 @@ process on the same table; the ratio is baseline / comminsight in CPU seconds (e
 process), which a busy shared machine disturbs less than wall time. Peak memory is the growth of
 resident memory during a first analysis in a fresh process (the evidence table itself is not counted).
 
-Run: .venv/bin/python bench/hang_analysis.py [--window 16] [--repeat 3]
+With ``--against REV`` (a git revision, e.g. ``HEAD~1``), the analysis at that revision runs too:
+its package is taken from git into a temporary directory, and each round times it and this code in
+fresh processes, alternately, on the same generated table; the reports must be equal as JSON, and
+the table shows this code's CPU time, wall time and peak memory as ratios against it.
+
+Run: .venv/bin/python bench/hang_analysis.py [--window 16] [--repeat 3] [--against HEAD~1 --rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
+import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -180,14 +190,114 @@ def _peak_in_child(name: str, window: int, hung: int) -> int:
     return int(done.stdout.split()[-1])
 
 
+def _time_in_child(name: str, window: int, hung: int, repeat: int, package: str | None) -> dict:
+    """Best CPU and wall seconds of ``repeat`` analyses in a fresh process (after one untimed), its
+    first analysis's memory growth and a digest of the report; ``package`` puts another revision's
+    ``comminsight`` first on the path."""
+    env = dict(os.environ)
+    if package:
+        env["PYTHONPATH"] = package + os.pathsep + env.get("PYTHONPATH", "")
+    command = [sys.executable, __file__, "--time-of", name, "--window", str(window), "--hung", str(hung)]
+    done = subprocess.run(
+        [*command, "--repeat", str(repeat)], capture_output=True, text=True, check=True, env=env, cwd="/"
+    )
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def _time_of(name: str, window: int, hung: int, repeat: int) -> None:
+    import comminsight
+
+    data = evidence(SETS[name], window, hung)
+    with _PeakRSS() as rss:
+        report = analyze_hang(data)
+    wall, cpu, _, again = timed(lambda: analyze_hang(data), repeat)
+    text = json.dumps(report, sort_keys=True).encode()
+    assert json.dumps(again, sort_keys=True).encode() == text
+    result = {
+        "wall": wall,
+        "cpu": cpu,
+        "peak": rss.grown,
+        "digest": hashlib.sha256(text).hexdigest(),
+        "package": str(Path(comminsight.__file__).parent),
+    }
+    print(json.dumps(result))
+
+
+def _against(revision: str, window: int, hung: int, repeat: int, rounds: int) -> None:
+    """This code against ``revision``'s, alternately in fresh processes, on the same tables."""
+    root = Path(__file__).resolve().parents[1]
+    console = Console(width=140)
+    out = Table(
+        title=f"Hang analysis, {WORLD:,} ranks: this code against {revision} "
+        f"(fresh processes, alternating, {rounds} rounds, best of {repeat} per process)"
+    )
+    for column in (
+        "evidence set",
+        "CPU s",
+        "prev CPU s",
+        "CPU ratio",
+        "wall s",
+        "prev wall s",
+        "wall ratio",
+        "peak MiB",
+        "prev peak MiB",
+        "reports",
+    ):
+        out.add_column(column, justify="right")
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(
+            ["git", "-C", str(root), "archive", revision, "agent/comminsight"], capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        package = str(Path(tmp) / "agent")
+        for name in SETS:
+            ours, prev = [], []
+            for _ in range(rounds):
+                ours.append(_time_in_child(name, window, hung, repeat, None))
+                prev.append(_time_in_child(name, window, hung, repeat, package))
+            assert all(p["package"].startswith(tmp) for p in prev), "the previous revision was not the one loaded"
+            same = {r["digest"] for r in ours + prev}
+            ratio = {
+                k: statistics.median(p[k] / o[k] for o, p in zip(ours, prev, strict=True))
+                for k in ("cpu", "wall", "peak")
+            }
+            best = {k: min(o[k] for o in ours) for k in ("cpu", "wall")}
+            pbest = {k: min(p[k] for p in prev) for k in ("cpu", "wall")}
+            out.add_row(
+                name,
+                f"{best['cpu']:.3f}",
+                f"{pbest['cpu']:.3f}",
+                f"{ratio['cpu']:.2f}x less",
+                f"{best['wall']:.3f}",
+                f"{pbest['wall']:.3f}",
+                f"{ratio['wall']:.2f}x less",
+                f"{statistics.median(o['peak'] for o in ours) / 2**20:,.0f}",
+                f"{statistics.median(p['peak'] for p in prev) / 2**20:,.0f}",
+                "identical" if len(same) == 1 else "DIFFERENT",
+            )
+    console.print(out)
+    console.print(
+        "ratios: median over rounds of previous / this code (CPU, wall, peak memory growth of a first analysis)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", type=int, default=16, help="operations per rank per communicator")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--peak-of", help=argparse.SUPPRESS)
     parser.add_argument("--hung", type=int, default=9_999, help=argparse.SUPPRESS)
+    parser.add_argument("--time-of", help=argparse.SUPPRESS)
+    parser.add_argument("--against", metavar="REV", help="also run the analysis at this git revision, alternately")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds with --against")
     args = parser.parse_args()
     hung = args.hung
+    if args.time_of:
+        _time_of(args.time_of, args.window, hung, args.repeat)
+        return
+    if args.against:
+        _against(args.against, args.window, hung, args.repeat, args.rounds)
+        return
     if args.peak_of:
         data = evidence(SETS[args.peak_of], args.window, hung)
         with _PeakRSS() as rss:

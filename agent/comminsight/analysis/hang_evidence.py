@@ -12,12 +12,14 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from comminsight.evidence import PROGRESS_OP
 
 SIZE_FREE_OPS = ("all_to_all", "gather", "scatter", "coalesced", "other", "barrier")
 _NONE = -1
 NO_TIME = -(2**63)  # below any timestamp; stands for "no time" inside aggregations
+_RANK_SPAN = 1 << 31  # ranks are int32: (communicator code, rank) packs into one int64 key
 
 
 def frame(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
@@ -46,7 +48,25 @@ def frame(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
     selected = table.select(keep)
     df = selected if isinstance(selected, pl.DataFrame) else pl.from_arrow(selected, rechunk=False)
     assert isinstance(df, pl.DataFrame)
-    return df.filter(pl.col("op") != "compute").with_row_index("_row")
+    ids = selected.column("comm_id") if isinstance(selected, pa.Table) else df.get_column("comm_id").to_arrow()
+    df = df.with_columns(_comm=_codes(ids))
+    if df.select((pl.col("op") == "compute").any()).item():
+        df = df.filter(pl.col("op") != "compute")
+    return df.with_row_index("_row")
+
+
+def _codes(values: pa.ChunkedArray | pa.Array) -> pl.Series:
+    """A dense integer code per distinct text (Arrow's hash encoding, far cheaper than polars' dense rank)."""
+    if pa.types.is_string_view(values.type):
+        values = values.cast(pa.large_string())
+    encoded = pc.dictionary_encode(values)
+    if isinstance(encoded, pa.ChunkedArray):
+        if len({len(chunk.dictionary) for chunk in encoded.chunks}) > 1:
+            encoded = encoded.unify_dictionaries()
+        indices = pa.chunked_array([chunk.indices for chunk in encoded.chunks], pa.int32())
+    else:
+        indices = encoded.indices
+    return pl.Series("_comm", indices, pl.Int32).cast(pl.Int64)
 
 
 # Without a description, the name the communicator was created with (NCCL's commName, e.g. a
@@ -80,9 +100,31 @@ def per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
     """
     keys = ["comm_id", "seq_kind", "sop", "rank"]
     real = pl.col("op") != PROGRESS_OP
+    # Grouping on four columns, two of them text, costs more than every aggregation below together.
+    # When every row counts in one sequence kind (the usual case: one kind per source), a stream is
+    # its communicator, and (communicator code, rank) packs into one integer key.
+    group_keys: list[str] = keys
+    restore: list[pl.Expr] = []
+    if not coll.is_empty():
+        bounds = coll.select(
+            pl.col("seq_kind").min().alias("k0"),
+            pl.col("seq_kind").max().alias("k1"),
+            pl.col("sop").min().alias("s0"),
+            pl.col("sop").max().alias("s1"),
+            pl.col("rank").min().alias("r0"),
+        ).row(0, named=True)
+        if bounds["k0"] == bounds["k1"] and bounds["s0"] == bounds["s1"] and bounds["r0"] >= 0:
+            coll = coll.with_columns(_key=pl.col("_comm") * _RANK_SPAN + pl.col("rank").cast(pl.Int64))
+            group_keys = ["_key"]
+            restore = [
+                pl.lit(bounds["k0"], pl.String).alias("seq_kind"),
+                pl.lit(bounds["s0"], pl.String).alias("sop"),
+                (pl.col("_key") % _RANK_SPAN).cast(pl.Int32).alias("rank"),
+            ]
     per_rank = (
         coll.select(
-            *keys,
+            *group_keys,
+            *(["comm_id"] if restore else []),
             "seq",
             pl.when(pl.col("state") == "completed").then(pl.col("seq")).alias("seq_done"),
             pl.when(real).then(_TIME.fill_null(NO_TIME)).alias("t_real"),
@@ -93,8 +135,9 @@ def per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
             pl.when(real).then(pl.col("_row")).alias("real_row"),
             pl.when(real & (pl.col("state") != "completed")).then(pl.col("seq")).alias("seq_open"),
         )
-        .group_by(keys)
+        .group_by(group_keys)
         .agg(
+            *([pl.col("comm_id").first()] if restore else []),
             pl.col("seq").max().alias("entered"),
             # Completion is in order within a stream: the highest completed seq is a watermark.
             pl.col("seq_done").max().alias("watermark"),
@@ -110,6 +153,8 @@ def per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
             pl.col("seq_open").min().alias("first_open"),
         )
     )
+    if restore:
+        per_rank = per_rank.select(*keys[:1], *restore, pl.exclude("_key", *keys))
     # Pending: not completed, above the watermark. The lowest open sequence is the first pending one
     # unless it lies at or below the watermark (a stale record of an operation that completed, as
     # sources that record an operation more than once leave): only those streams are scanned again.
