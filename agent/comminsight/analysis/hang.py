@@ -364,10 +364,11 @@ def _analyze(table: pa.Table | pl.DataFrame, silence_s: float) -> dict[str, Any]
 
     # Per-rank evidence.
     last_ops = df.select("rank", "comm_id", "comm_desc", "comm_name", "op", "seq", "state", "shape", "dtype")[
-        activity.get_column("last_row").to_list()
+        activity.get_column("last_row")
     ].with_columns(gather.DESC)
     evidence: dict[str, dict] = {}
     root_set = set(roots)
+    no_evidence_set = set(no_evidence)
     fields = ("group_id", "group_desc", "op", "seq", "state", "shape", "dtype")
     columns = ("comm_id", "comm_desc", "op", "seq", "state", "shape", "dtype")
     for r, *values in zip(*(last_ops[c].to_list() for c in ("rank", *columns)), strict=True):
@@ -376,7 +377,7 @@ def _analyze(table: pa.Table | pl.DataFrame, silence_s: float) -> dict[str, Any]
         item = evidence.setdefault(str(r), {"last_op": None})
         if r in root_set:
             status = "root_cause"
-        elif r in no_evidence:
+        elif r in no_evidence_set:
             status = "no_evidence"
         elif r in missing_from:
             status = "missing"

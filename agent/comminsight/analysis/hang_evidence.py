@@ -128,7 +128,6 @@ def per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
             "seq",
             pl.when(pl.col("state") == "completed").then(pl.col("seq")).alias("seq_done"),
             pl.when(real).then(_TIME.fill_null(NO_TIME)).alias("t_real"),
-            (pl.col("state") == "abandoned").alias("abandoned"),
             "comm_desc",
             "comm_name",
             "comm_size",
@@ -145,7 +144,6 @@ def per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
             # The latest recorded op of this stream (sources record in order); across streams the
             # rank's last op is the one from the stream with the latest time (rank_activity).
             pl.col("real_row").max().alias("last_row"),
-            pl.col("abandoned").sum().alias("abandoned"),
             # Constant per communicator; first() keeps the aggregation on polars' fast path.
             pl.col("comm_desc").first().alias("comm_desc"),
             pl.col("comm_name").first().alias("comm_name"),
@@ -155,6 +153,14 @@ def per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
     )
     if restore:
         per_rank = per_rank.select(*keys[:1], *restore, pl.exclude("_key", *keys))
+    # Abandoned operations are rare: counted over their own rows, not aggregated over all of them.
+    abandoned = (
+        coll.filter(pl.col("state") == "abandoned").group_by(keys).agg(pl.len().cast(pl.UInt32).alias("abandoned"))
+    )
+    if abandoned.is_empty():
+        per_rank = per_rank.with_columns(pl.lit(0, pl.UInt32).alias("abandoned"))
+    else:
+        per_rank = per_rank.join(abandoned, on=keys, how="left").with_columns(pl.col("abandoned").fill_null(0))
     # Pending: not completed, above the watermark. The lowest open sequence is the first pending one
     # unless it lies at or below the watermark (a stale record of an operation that completed, as
     # sources that record an operation more than once leave): only those streams are scanned again.
