@@ -1,5 +1,6 @@
-"""ASGI entry point served by Daphne: HTTP through Django (upload chunks streamed to disk ahead of it, see
-apps.workloads.api.stream), WebSockets through Channels with session auth."""
+"""ASGI entry point served by Daphne: HTTP through Django, except the agents' frequent requests, answered
+ahead of it (upload chunks streamed to disk: apps.workloads.api.stream; upload create, upload HEAD and
+heartbeats: apps.workloads.api.agent_requests); WebSockets through Channels with session auth."""
 
 import os
 
@@ -14,12 +15,13 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from apps.workloads.api.agent_requests import AgentRequestsApp  # noqa: E402
 from apps.workloads.api.stream import UploadChunkApp  # noqa: E402
 from comminsight_site.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": UploadChunkApp(django_asgi_app) if settings.SERVER_STREAM_BODIES else django_asgi_app,
+        "http": AgentRequestsApp(UploadChunkApp(django_asgi_app)) if settings.SERVER_STREAM_BODIES else django_asgi_app,
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

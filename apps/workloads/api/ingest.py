@@ -90,19 +90,27 @@ def _problem(exc: uploads.UploadError) -> Response:
     return Response({"detail": exc.detail, **exc.extra}, status=exc.status)
 
 
-def _complete(archive: Archive, created: bool) -> Response:
-    body = {"status": "complete", "sha256": archive.sha256, "archive_id": archive.pk}
-    return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+def complete_body(archive: Archive) -> dict[str, object]:
+    """The ``ArchiveDone`` answer (also given by ``agent_requests``)."""
+    return {"status": "complete", "sha256": archive.sha256, "archive_id": archive.pk}
 
 
-def _open(upload: Upload, created: bool) -> Response:
-    body = {
+def open_body(upload: Upload) -> dict[str, object]:
+    """The ``UploadOpen`` answer (also given by ``agent_requests``)."""
+    return {
         "upload_id": str(upload.id),
         "offset": upload.offset,
         "max_chunk": settings.INGEST_MAX_CHUNK_BYTES,
         "status": "open",
     }
-    return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+def _complete(archive: Archive, created: bool) -> Response:
+    return Response(complete_body(archive), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+def _open(upload: Upload, created: bool) -> Response:
+    return Response(open_body(upload), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 def _content_length(request: Request) -> int:

@@ -18,7 +18,7 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -123,10 +123,8 @@ def _chunk_begin(headers: dict[str, str], upload_id: uuid.UUID) -> uploads.Chunk
     token = _authenticate(headers.get("authorization", ""))
     if token.scope != AgentTokenScope.INGEST:
         raise Refused(403, str(exceptions.PermissionDenied.default_detail))
-    throttle = ScopedRateThrottle()
-    view = SimpleNamespace(throttle_scope="ingest")
-    if not throttle.allow_request(SimpleNamespace(user=token.owner, META={}), view):
-        wait = throttle.wait()
+    wait = throttle_wait(token.owner)
+    if wait is not False:
         retry = [(b"retry-after", str(int(wait)).encode())] if wait is not None else []
         raise Refused(429, str(exceptions.Throttled(wait).detail), retry)
     try:
@@ -149,6 +147,15 @@ def _chunk_begin(headers: dict[str, str], upload_id: uuid.UUID) -> uploads.Chunk
         )
     except uploads.UploadError as exc:
         raise Refused(exc.status, exc.detail, **exc.extra) from None
+
+
+def throttle_wait(owner: Any) -> float | None | Literal[False]:
+    """The ingest views' rate limit (``ScopedRateThrottle``, scope ``ingest``) for a request of ``owner``:
+    False when allowed (and counted), else the seconds to wait (None: unknown)."""
+    throttle = ScopedRateThrottle()
+    if throttle.allow_request(SimpleNamespace(user=owner, META={}), SimpleNamespace(throttle_scope="ingest")):
+        return False
+    return throttle.wait()
 
 
 def _authenticate(authorization: str) -> Any:
