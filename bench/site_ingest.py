@@ -2,14 +2,17 @@
 
 Starts the real site (`manage.py serve --workers N`, Daphne) twice on one temporary data directory, in the same
 run: first as the baseline (COMMINSIGHT_SERVER_STREAM_BODIES=0: stock Daphne buffers each body, Django copies it,
-the view writes it), then with bodies streamed to disk ahead of Django (the default). Against each:
+the view writes it), then with bodies streamed to disk ahead of Django and upload create, HEAD and heartbeats
+answered ahead of it (the default). Against each:
   - upload:  one resumable upload of --size-mib MiB in PATCH chunks of min(--chunk-mib, the site's max_chunk),
              as the agent sends them (checksums computed before the clock starts); MB/s, and the peak resident
              memory of the server workers (VmHWM summed over them);
   - latency: --clients closed-loop agents (threads, one HTTP connection each), each sending --rounds of
              heartbeat POST + upload HEAD + upload create (resume) + one PATCH chunk of --crowd-chunk-kib KiB
              (at most 8 MiB); p50/p99 over all requests and per kind.
-Prints each figure for both servers and the ratio streaming / baseline.
+Prints each figure for both servers and the ratio streaming / baseline, and the server workers' CPU time per GB
+uploaded and per crowd request (PostgreSQL's not included): on a machine shared with other work, wall-clock
+figures follow the neighbours' load, CPU time per unit of work much less.
 Targets (DESIGN §9, issue 13): one agent >= 200 MB/s; p99 <= 100 ms with 50 agents, each request <= 8 MiB.
 
 Run: .venv/bin/python bench/site_ingest.py [--size-mib 256] [--chunk-mib 8] [--workers 2] [--clients 50]
@@ -160,6 +163,15 @@ def peak_rss_mib(pids: list[int]) -> float:
     return total / 1024
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of ``pids`` so far (all their threads), seconds."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def measure(env: dict[str, str], args: argparse.Namespace, token: str, data: bytes, streaming: bool) -> dict:
     """Start the site (streaming on or off), run the upload and the crowd against it, stop it."""
     port = free_port()
@@ -184,12 +196,18 @@ def measure(env: dict[str, str], args: argparse.Namespace, token: str, data: byt
                 time.sleep(0.2)
         workers = children_of(server.pid) or [server.pid]
         rss_idle = peak_rss_mib(workers)
+        cpu_start = cpu_seconds(workers)
         with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=300) as client:
             upload_s, finalize_s, chunk = upload(client, base, data, args.chunk_mib << 20)
         rss_upload = peak_rss_mib(workers)
+        cpu_upload = cpu_seconds(workers)
         tag = "stream" if streaming else "buffer"
         crowd, errors = run_clients(base, token, args.clients, args.rounds, args.crowd_chunk_kib << 10, tag)
+        cpu_crowd = cpu_seconds(workers)
         return {
+            # Server CPU (all workers; PostgreSQL not included): what the figures would be on idle cores.
+            "cpu_s_per_gb": (cpu_upload - cpu_start) / (len(data) / 1e9),
+            "cpu_ms_per_request": (cpu_crowd - cpu_upload) * 1e3 / max(len(crowd), 1),
             "mbps": len(data) / 1e6 / upload_s,
             "finalize_s": finalize_s,
             "chunk": chunk,
@@ -259,13 +277,16 @@ def report(args: argparse.Namespace, runs: dict[bool, list[dict]]) -> None:
                     "p99": percentile(times, 0.99),
                     "chunk_p99": percentile([t for k, t in run["crowd"] if k == "chunk"], 0.99),
                     "errors": len(run["errors"]),
+                    "cpu_gb": run["cpu_s_per_gb"],
+                    "cpu_req": run["cpu_ms_per_request"],
                 }
             )
             print(
                 f"  {label[streaming]}: upload {rows[-1]['mbps']:6.1f} MB/s, "
                 f"peak RSS growth {rows[-1]['rss']:6.1f} MiB; "
                 f"{args.clients} agents p50 {rows[-1]['p50'] * 1e3:6.1f} ms p99 {rows[-1]['p99'] * 1e3:7.1f} ms "
-                f"(chunk p99 {rows[-1]['chunk_p99'] * 1e3:7.1f} ms), errors {rows[-1]['errors']}"
+                f"(chunk p99 {rows[-1]['chunk_p99'] * 1e3:7.1f} ms), errors {rows[-1]['errors']}; "
+                f"server CPU {rows[-1]['cpu_gb']:.2f} s/GB uploaded, {rows[-1]['cpu_req']:.2f} ms per crowd request"
             )
         summary[streaming] = {k: statistics.median([r[k] for r in rows]) for k in rows[0]}
     old, new = summary[False], summary[True]
@@ -285,6 +306,11 @@ def report(args: argparse.Namespace, runs: dict[bool, list[dict]]) -> None:
     print(
         f"  chunk requests only: buffered p99 {old['chunk_p99'] * 1e3:7.1f} ms   "
         f"streamed p99 {new['chunk_p99'] * 1e3:7.1f} ms"
+    )
+    print(
+        f"server CPU (all workers, load-independent): upload buffered {old['cpu_gb']:.2f} s/GB   streamed "
+        f"{new['cpu_gb']:.2f} s/GB   ratio {new['cpu_gb'] / old['cpu_gb']:.2f}x;  per crowd request buffered "
+        f"{old['cpu_req']:.2f} ms   streamed {new['cpu_req']:.2f} ms   ratio {new['cpu_req'] / old['cpu_req']:.2f}x"
     )
     for streaming in (False, True):
         errors = [e for run in runs[streaming] for e in run["errors"]]

@@ -155,16 +155,14 @@ def live_record_heartbeat(*, token: AgentToken, heartbeat: dict[str, Any]) -> Wo
         )
         # No row lock on the workload: 50 nodes' heartbeats would queue behind it. Each heartbeat sees its
         # own node's latest and every committed other; a concurrent one is counted at the next beat.
-        node, _ = Node.objects.get_or_create(workload=workload, name=heartbeat["node"])
-        node.host = heartbeat.get("host") or node.host
-        node.agent_version = heartbeat.get("agent_version") or node.agent_version
-        node.last_heartbeat = heartbeat
-        node.last_heartbeat_at = now
-        node.save(update_fields=["host", "agent_version", "last_heartbeat", "last_heartbeat_at", "last_seen_at"])
-        latest = {
-            n.name: n.last_heartbeat
-            for n in workload.nodes.filter(last_heartbeat_at__gte=fresh_since).exclude(last_heartbeat=None)
-        }
+        _node_keep_heartbeat(workload, heartbeat, now)
+        # Names and heartbeats only: model instances of every node cost more than the rest of the heartbeat.
+        latest = dict(
+            workload.nodes.filter(last_heartbeat_at__gte=fresh_since)
+            .exclude(last_heartbeat=None)
+            .order_by()
+            .values_list("name", "last_heartbeat")
+        )
         summary = live_summary(latest)
         workload.status = _status(latest, summary, workload.status, workload.live_summary)
         _kept_root_cause(summary, workload.live_summary, workload.status)
@@ -175,23 +173,47 @@ def live_record_heartbeat(*, token: AgentToken, heartbeat: dict[str, Any]) -> Wo
         workload.save(update_fields=["live_summary", "status", "first_seen_at", "last_seen_at", "updated_at"])
         transaction.on_commit(lambda: publish_status(workload))
         if evidence:
-            _evidence_keep(workload, node.name, evidence)
-    heartbeat_recorded.send_robust(Workload, workload=workload, node=node.name, heartbeat=heartbeat, at=now)
+            _evidence_keep(workload, heartbeat["node"], evidence)
+    heartbeat_recorded.send_robust(Workload, workload=workload, node=heartbeat["node"], heartbeat=heartbeat, at=now)
     return workload
 
 
-def _group_send(group: str, message: dict[str, Any]) -> None:
-    """Send to a WebSocket group; never fails the caller (a broken channel layer must not lose data)."""
+def _node_keep_heartbeat(workload: Workload, heartbeat: dict[str, Any], now: Any) -> None:
+    """Store ``heartbeat`` as its node's latest; one UPDATE for a known node (the node's old heartbeat is
+    never read back), the node created on its first heartbeat. An empty host or version keeps the old one."""
+    fields: dict[str, Any] = {"last_heartbeat": heartbeat, "last_heartbeat_at": now, "last_seen_at": now}
+    for name in ("host", "agent_version"):
+        if heartbeat.get(name):
+            fields[name] = heartbeat[name]
+    if Node.objects.filter(workload=workload, name=heartbeat["node"]).update(**fields):
+        return
+    node, _ = Node.objects.get_or_create(workload=workload, name=heartbeat["node"])
+    for name, value in fields.items():
+        setattr(node, name, value)
+    node.save(update_fields=[*fields])
+
+
+def _group_send(*messages: tuple[str, dict[str, Any]]) -> None:
+    """Send each (group, message) to its WebSocket group, all in one trip to the event loop; never fails the
+    caller (a broken channel layer must not lose data)."""
     from asgiref.sync import async_to_sync
     from channels.layers import get_channel_layer
 
     layer = get_channel_layer()
     if layer is None:
         return
+
+    async def send_all() -> None:
+        for group, message in messages:
+            try:
+                await layer.group_send(group, message)
+            except Exception:
+                logger.exception("could not publish to %s", group)
+
     try:
-        async_to_sync(layer.group_send)(group, message)
-    except Exception:
-        logger.exception("could not publish to %s", group)
+        async_to_sync(send_all)()
+    except Exception:  # no usable event loop for the layer
+        logger.exception("could not publish to %s", ", ".join(group for group, _ in messages))
 
 
 def publish_status(workload: Workload) -> None:
@@ -199,16 +221,16 @@ def publish_status(workload: Workload) -> None:
     from .consumers import LIST_GROUP, workload_group
 
     message = {"type": "workload.status", "status": workload.status, "summary": workload.live_summary}
-    _group_send(workload_group(workload.pk), message)
-    _group_send(LIST_GROUP, {"type": "workloads.changed"})
+    _group_send((workload_group(workload.pk), message), (LIST_GROUP, {"type": "workloads.changed"}))
 
 
 def publish_workload_changed(workload_id: int) -> None:
     """Tell open pages that a workload changed other than by a heartbeat (archive ingested, analysis done)."""
     from .consumers import LIST_GROUP, workload_group
 
-    _group_send(workload_group(workload_id), {"type": "workload.changed"})
-    _group_send(LIST_GROUP, {"type": "workloads.changed"})
+    _group_send(
+        (workload_group(workload_id), {"type": "workload.changed"}), (LIST_GROUP, {"type": "workloads.changed"})
+    )
 
 
 def mark_lost_workloads() -> int:

@@ -225,6 +225,11 @@ class ChunkWriter:
                 self.written += count
                 view = view[count:]
 
+    def write_all(self, blocks: list[bytes]) -> None:
+        """``write`` each of ``blocks`` in turn."""
+        for block in blocks:
+            self.write(block)
+
     def commit(self) -> Upload:
         """Move the upload's offset past this chunk; on any refusal the chunk is taken back (abort)."""
         try:

@@ -2,7 +2,8 @@
 
 Under Django a chunk is copied whole into Django's request body before the view reads it. Here the body
 messages the server delivers (``comminsight_site.daphne_streaming``: as they arrive, with backpressure)
-are hashed and written to the upload's part file one by one, so a request holds one message at a time.
+are hashed and written to the upload's part file by a pool thread in batches of about 1 MiB, one batch at
+a time, while the event loop receives the next: a request holds at most two batches.
 
 The checks are the API view's, in the same order and with the same answers, all before a byte is
 written: allowed host, agent listener, agent token (401), ingest scope (403), rate (429), then
@@ -13,6 +14,7 @@ to Django unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
@@ -31,6 +33,8 @@ from apps.accounts.middleware import INGEST_PREFIX, _port
 from apps.accounts.models import AgentTokenScope
 from apps.accounts.services import agent_token_authenticate
 from apps.workloads import uploads
+
+WRITE_BATCH_BYTES = 1 << 20
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -93,16 +97,9 @@ class UploadChunkApp:
             await _respond(send, refused.status, refused.body, refused.headers)
             return
         try:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    writer.abort()  # the client went away (or its body timed out): nothing appended
-                    return
-                body = message.get("body", b"")
-                if body:
-                    writer.write(body)
-                if not message.get("more_body", False):
-                    break
+            if not await _write_body(writer, receive):
+                writer.abort()  # the client went away (or its body timed out): nothing appended
+                return
             upload = await self.run_sync(writer.commit)()
         except uploads.UploadError as exc:
             writer.abort()
@@ -112,6 +109,45 @@ class UploadChunkApp:
             writer.abort()
             raise
         await _respond(send, 204, None, [(b"upload-offset", str(upload.offset).encode())])
+
+
+async def _write_body(writer: uploads.ChunkWriter, receive: Receive) -> bool:
+    """Hash and write the body through ``writer``; False if the client went away first.
+
+    Pieces are handed to a pool thread in batches of about ``WRITE_BATCH_BYTES`` (hashlib and pwrite release
+    the GIL), one batch at a time, while the event loop goes on receiving the next one and serving other
+    requests. So a request holds at most two batches here, plus what the server queued for it."""
+    loop = asyncio.get_running_loop()
+    in_flight: asyncio.Future[None] | None = None
+    batch: list[bytes] = []
+    size = 0
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return False
+            body = message.get("body", b"")
+            if body:
+                batch.append(body)
+                size += len(body)
+            last = not message.get("more_body", False)
+            if size >= WRITE_BATCH_BYTES or (last and batch):
+                if in_flight is not None:
+                    await in_flight
+                in_flight = loop.run_in_executor(None, writer.write_all, batch)
+                batch, size = [], 0
+            if last:
+                break
+        if in_flight is not None:
+            await in_flight
+        return True
+    finally:
+        # Never leave a write running on the part file once the caller aborts or commits.
+        if in_flight is not None:
+            if not in_flight.done():
+                await asyncio.wait([in_flight])
+            if not in_flight.cancelled():
+                in_flight.exception()  # retrieved: a failed write was answered (or the client left)
 
 
 def _chunk_begin(headers: dict[str, str], upload_id: uuid.UUID) -> uploads.ChunkWriter:
