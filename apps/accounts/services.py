@@ -257,7 +257,10 @@ def agent_token_authenticate(presented: str) -> AgentToken | None:
     prefix, _, secret = presented[len(AGENT_TOKEN_PREFIX) :].partition("_")
     if not prefix or not secret:
         return None
-    token = AgentToken.objects.select_related("owner").filter(prefix=prefix).first()
+    try:  # get(), not first(): the prefix is unique, and first() compiles an ORDER BY on every request
+        token = AgentToken.objects.select_related("owner").get(prefix=prefix)
+    except AgentToken.DoesNotExist:
+        token = None
     if token is None or not hmac.compare_digest(_sha256(secret), token.secret_sha256) or not token.is_active:
         return None
     now = timezone.now()

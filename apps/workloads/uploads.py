@@ -24,11 +24,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Sum
+from django.db.models import F, QuerySet, Sum
 from django.utils import timezone
 
 from apps.accounts.models import AgentToken, User
@@ -37,6 +37,8 @@ from comminsight_site.objectstore import object_store
 from .models import Archive, ArchiveSource, Upload, UploadState
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 BLOCK = 1 << 20
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -117,6 +119,15 @@ class UploadOutcome:
     created: bool = False
 
 
+def _one(queryset: QuerySet[T]) -> T | None:
+    """The one row of a query on unique fields, or None. Cheaper than ``first()``, which adds an ORDER BY to
+    compile: these run on every agent request."""
+    try:
+        return queryset.get()
+    except queryset.model.DoesNotExist:
+        return None
+
+
 def _check_sha256(value: object) -> str:
     if not isinstance(value, str) or not SHA256_HEX.match(value):
         raise UploadError("sha256 must be 64 lowercase hex digits")
@@ -158,10 +169,10 @@ def upload_create(
         raise UploadError("size must be a positive integer")
     # Known bytes are answered only from the caller's own archives: another owner's copy is no proof that this
     # caller holds them (and must not be revealed); it uploads them, and the bytes are still stored once.
-    existing = Archive.objects.filter(owner=token.owner, sha256=sha256).first()
+    existing = _one(Archive.objects.filter(owner=token.owner, sha256=sha256))
     if existing is not None:
         return UploadOutcome(archive=existing)
-    resumable = Upload.objects.filter(token=token, sha256=sha256, state=UploadState.OPEN).first()
+    resumable = _one(Upload.objects.filter(token=token, sha256=sha256, state=UploadState.OPEN))
     if resumable is not None:
         return UploadOutcome(upload=resumable)
     _check_caps(token, size)
@@ -276,7 +287,7 @@ def chunk_begin(*, owner: User, upload_id: uuid.UUID, offset: int, checksum: str
         raise UploadNotFound("no such upload") from None
     try:
         fcntl.flock(part.fileno(), fcntl.LOCK_EX)
-        upload = Upload.objects.filter(pk=upload_id, owner=owner).first()
+        upload = _one(Upload.objects.filter(pk=upload_id, owner=owner))
         if upload is None:
             raise UploadNotFound("no such upload")
         if upload.state != UploadState.OPEN:
@@ -322,7 +333,7 @@ def upload_append(
 
 
 def upload_get(*, owner: User, upload_id: uuid.UUID) -> Upload | None:
-    return Upload.objects.filter(pk=upload_id, owner=owner).first()
+    return _one(Upload.objects.filter(pk=upload_id, owner=owner))
 
 
 def file_sha256(path: Path, *, sync: bool = False) -> str:
