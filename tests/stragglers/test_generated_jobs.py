@@ -25,6 +25,7 @@ CP_128 = Layout(pp=2, dp=32, cp=2)
 SMALL = Layout(tp=2, pp=2, dp=2)
 MID = Layout(tp=2, pp=2, dp=4)
 PIPELINE_128 = Layout(tp=2, pp=4, dp=16)
+DEEP_64 = Layout(pp=8, dp=8, microbatches=8)
 
 
 def _late_by(layout: Layout, share: float) -> float:
@@ -74,6 +75,14 @@ JOBS: dict[str, tuple[Layout, tuple[Fault, ...], dict]] = {
         MEGATRON_64,
         (Fault("late", {"rank": 1}, delay_ms=_late_by(MEGATRON_64, 0.03), before="tp-all-reduce"),),
         {"group": "rank=1"},
+    ),
+    # In a deep pipeline a slow DP group finishes every step late and the next begins late: the
+    # replay must carry each scenario's own step ends into the next step (an observed start
+    # carried in kept the lateness in the "healthy" job: -13%).
+    "64 GPUs DP8xPP8, DP group 1 computes 2x slower": (
+        DEEP_64,
+        (Fault("compute", {"dp": 1}, factor=2.0),),
+        {"group": "dp=1"},
     ),
     "128 GPUs TP2xPP4xDP16, backward of the last stage 1.4x slower": (
         PIPELINE_128,
@@ -207,6 +216,43 @@ def test_a_noisy_pipeline_without_a_straggler_names_no_one_and_its_ratio_is_the_
     assert report.culprits == []
     assert abs(report.slowdown["ratio"] / job.truth["slowdown_vs_mean"] - 1.0) <= TOLERANCE
     assert abs(report.slowdown["healthy_ratio"] / job.truth["slowdown"] - 1.0) <= TOLERANCE
+
+
+def test_step_times_are_the_jobs_iteration_times_when_pipeline_steps_overlap(tmp_path: Path) -> None:
+    # The first stage starts a step while the last still drains the previous one: a step lasts
+    # from the previous step's last end to its own, so the steps add up to the job's time.
+    job, _ = _job("64 GPUs DP8xPP8, DP group 1 computes 2x slower")
+    report = analyse_stragglers(_read_back(job, tmp_path))
+    per_step = [s["duration_ms"] for s in report.per_step]
+    assert len(per_step) == 5
+    assert abs(sum(per_step) / 5 / (job.truth["observed_step_s"] * 1e3) - 1.0) < 0.01
+    assert abs(report.slowdown["observed_step_ms"] / (job.truth["observed_step_s"] * 1e3) - 1.0) < 0.01
+
+
+def test_a_late_rank_whose_delay_a_pipeline_bubble_absorbs_costs_nothing_and_is_not_named(tmp_path: Path) -> None:
+    # Rank 1 (first stage) waits 3% of the step before its first backward in DP8xPP8: it would
+    # have waited for the backward from the next stage anyway. The generator's own replay of the
+    # same job (same noise draws) without the delay is exactly as long: no cost, so no culprit.
+    delay = Fault("late", {"rank": 1}, delay_ms=_late_by(DEEP_64, 0.03), before="backward-compute")
+    job = generate(DEEP_64, steps=5, faults=(delay,), seed=0)
+    without = generate(DEEP_64, steps=5, seed=0)
+    cost = job.truth["observed_step_s"] - without.truth["observed_step_s"]
+    assert abs(cost) < 1e-4 * without.truth["observed_step_s"]
+    report = analyse_stragglers(_read_back(job, tmp_path))
+    assert report.culprits == []
+    # Rank 1's own share of the step, replayed, is within the job's noise.
+    rank1 = next(r for r in report.ranks if r["rank"] == 1)
+    assert rank1["straggler_index"] < 0.005
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_slow_link_is_named_alone_whatever_the_seed(seed: int, tmp_path: Path) -> None:
+    # A coordinate group holding the link's ranks "costs" the link's time in the job as it ran;
+    # that is the link's effect, not the group's own: once the link is named, nothing else is.
+    job = generate(SMALL, steps=5, faults=(Fault("comm", {"pp": 0, "tp": 0}, factor=4.0, group="dp"),), seed=seed)
+    report = analyse_stragglers(_read_back(job, tmp_path))
+    assert [g["group"] for g in report.culprit_groups] == ["comm=dp:pp0tp0"]
+    assert abs(report.slowdown["ratio"] / job.truth["slowdown_vs_mean"] - 1.0) <= TOLERANCE
 
 
 def test_per_step_results_carry_the_jobs_own_step_ids(tmp_path: Path) -> None:

@@ -122,7 +122,6 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     roles = infer_roles(df.drop("row", "_step"))
     role = pl.col("comm_id").replace_strict(roles, default="other", return_dtype=pl.String)
     ev = ev.with_columns(
-        step_start=pl.col("s").min().over("_step"),
         label=pl.when(pl.col("bytes").is_not_null())
         .then(pl.concat_str([role, pl.col("op"), pl.col("bytes").cast(pl.String)], separator="|"))
         .otherwise(pl.concat_str([role, pl.col("op"), pl.col("comm_name").fill_null("")], separator="|")),
@@ -137,9 +136,16 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     st = ev.get_column("_step").to_numpy()
     s = ev.get_column("s").to_numpy().astype(np.float64)
     e = ev.get_column("e").to_numpy().astype(np.float64)
-    same = np.zeros(n, dtype=bool)
-    same[1:] = (r[1:] == r[:-1]) & (st[1:] == st[:-1])
-    prev = np.where(same, idx - 1, -1)
+    # Program order runs across step boundaries: a rank's first operation of a step follows its
+    # last one of the previous step (the replay carries each scenario's own state from step to
+    # step; resetting every step to its observed start would keep a slow rank's lateness carried
+    # over the boundary in the "healthy" job). Only a rank's first operation in the trace starts
+    # at its observed time.
+    same_rank = np.zeros(n, dtype=bool)
+    same_rank[1:] = r[1:] == r[:-1]
+    same = same_rank.copy()
+    same[1:] &= st[1:] == st[:-1]
+    prev = np.where(same_rank, idx - 1, -1)
     # Operations a rank issued at the same instant form a batch (grouped send/recv): each waits
     # for what preceded the batch, and the batch completes together.
     batched = np.zeros(n, dtype=bool)
@@ -152,7 +158,14 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     # a late sender). Local events and unmatched P2P get a group of their own.
     grp = ev.get_column("group").fill_null(-1).to_numpy()
     p2p = ev.get_column("is_p2p").fill_null(False).to_numpy()
-    collective = grp >= 0
+    last_arrival = ev.get_column("last_arrival_ns").to_numpy().astype(np.float64)
+    # A member that completed before the last member arrived contradicts the match (a set-up
+    # collective paired with another instance): its group is replayed as local operations, as
+    # observed. Replayed as a group, the error would carry into every later step.
+    contradicted = (grp >= 0) & (e < last_arrival - WAIT_CLOCK_SLACK_NS)
+    wrong = np.unique(grp[contradicted])
+    matched_ok = (grp >= 0) & ~np.isin(grp, wrong)
+    collective = matched_ok
     dense = np.where(collective, grp, -1).astype(np.int64)
     dense[~collective] = grp.max(initial=-1) + 1 + np.arange(int((~collective).sum()))
     _, dense = np.unique(dense, return_inverse=True)
@@ -166,40 +179,23 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
         .to_numpy()
         .astype(np.int64)
     )
-    step_start = ev.get_column("step_start").to_numpy().astype(np.float64)
-    # A rank's first event in a step: the time until the rank finished its previous step is
-    # carried in (it belongs to earlier steps' dependencies); only the rest is its own gap.
-    last_end = ev.group_by("rank", "_step").agg(_last=pl.col("e").max()).sort("rank", "_step")
-    last_end = last_end.with_columns(_prev_last=pl.col("_last").shift(1).over("rank")).drop("_last")
-    own_start = (
-        ev.select("rank", "_step")
-        .join(last_end, on=["rank", "_step"], how="left", maintain_order="left")
-        .get_column("_prev_last")
-        .fill_null(np.nan)
-        .to_numpy()
-        .astype(np.float64)
-    )
-    carry_known = ~np.isnan(own_start)
-    own_start = np.where(carry_known, own_start, s)  # first step seen: no earlier end known
-    # The step begins when the first rank has finished its previous step (or, for the first
-    # step seen, when the first rank starts it).
-    first_of = prev < 0
-    candidate = np.where(first_of, np.minimum(own_start, s), np.inf)
+    # Each step is replayed in its own time frame (relative to its first start: float32 keeps
+    # 0.1 us over a step); an operation that follows one of an earlier step shifts frames.
     step_ids, inv = np.unique(st, return_inverse=True)
     begin = np.full(step_ids.size, np.inf)
-    np.minimum.at(begin, inv, candidate)
+    np.minimum.at(begin, inv, s)
     step_start = begin[inv]
-    own_start = np.maximum(np.minimum(own_start, s), step_start)
-    carry = np.where(prev < 0, own_start - step_start, 0.0)
-    prev_end = np.where(prev >= 0, e[np.maximum(prev, 0)], own_start)
+    safe = np.maximum(prev, 0)
+    shift = np.where(prev >= 0, step_start[safe] - step_start, 0.0)
+    prev_end = np.where(prev >= 0, e[safe], s)
     if issue_model:
         q = ev.get_column("enqueue_ns").to_numpy().astype(np.float64)
-        # An operation issued before its step began (set-up work enqueued early) is replayed as
-        # issued when the step began: the replay starts no rank before the step does.
-        q = np.minimum(np.maximum(q, np.where(prev < 0, own_start, -np.inf)), s)
-        prev_q = np.where(prev >= 0, q[np.maximum(prev, 0)], own_start)
+        # A rank's first operation is replayed as issued when it started (set-up work enqueued
+        # early says nothing of the step).
+        q = np.minimum(np.maximum(q, np.where(prev < 0, s, -np.inf)), s)
+        prev_q = np.where(prev >= 0, q[safe], s)
         labels = ev.get_column("label").to_numpy()
-        prev_label = np.where(prev >= 0, labels[np.maximum(prev, 0)], "")
+        prev_label = np.where(prev >= 0, labels[safe], "")
         place = pl.DataFrame(
             {
                 "p": ev.get_column("program").to_numpy(),
@@ -209,14 +205,17 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
             }
         )
         place_id = place.select(pl.struct("p", "a", "b", "k").rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
-        sync = _host_waits(place_id, prev >= 0, q, prev_q, prev_end)
+        # A step begins once the previous one has completed on the rank (the optimizer needs the
+        # gradients): its first issue is timed from that end, so time a healthy host spent
+        # waiting for a late peer's last collective is not read as its own work.
+        new_step = (prev >= 0) & (st[safe] != st)
+        sync = _host_waits(place_id, prev >= 0, q, prev_q, prev_end) | new_step
         gap = np.maximum(q - np.where(sync | (prev < 0), prev_end, prev_q), 0.0)
         launch = np.maximum(s - np.maximum(q, np.where(prev >= 0, prev_end, -np.inf)), 0.0)
     else:
         sync = np.ones(n, dtype=bool)
         gap = np.maximum(s - prev_end, 0.0)
         launch = np.zeros(n)
-    last_arrival = ev.get_column("last_arrival_ns").to_numpy().astype(np.float64)
     ready = np.where(collective & ~np.isnan(last_arrival), np.maximum(s, last_arrival), s)
     ready = np.where(partner >= 0, np.maximum(ready, s[np.maximum(partner, 0)]), ready)
     # Operations posted together complete together (a source may report the batch's end on every
@@ -226,21 +225,24 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     np.maximum.at(batch_ready, batch, ready)
     work = np.maximum(e - np.maximum(ready, batch_ready[batch]), 0.0)
     counts = np.bincount(np.unique(r * (st.max(initial=0) + 2) + st + 1, return_inverse=True)[1]) if n else np.ones(1)
+    n_steps = int(np.unique(st).size) if n else 1
     arrays = {
         "prev": prev,
         "group_dense": dense,
         "batch": batch,
         "partner": partner,
         "step_start": step_start,
-        "carry": carry,
+        "start_offset": s - step_start,  # read for a rank's first operation only
+        "shift": shift,
         "sync": sync,
         "launch": launch,
         "gap": gap,
         "work": work,
-        "matched": collective | p2p,
+        "matched": (grp >= 0) | p2p,
         "rank": r,
         "step": st,
-        "max_chain": np.int64(4 * int(counts.max(initial=1))),
+        "max_chain": np.int64(4 * int(counts.max(initial=1))),  # longest chain inside one step
+        "max_chain_all": np.int64(4 * int(counts.max(initial=1)) * n_steps),
     }
     # What the what-if compares: an operation's duration with the same operation (kind, shape or
     # name, occurrence in the step) on every rank and step; a gap with the gap between the same
@@ -251,13 +253,6 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     keys = pl.DataFrame({"l": labels_all, "p": prev_label, "k": ev.get_column("occurrence")})
     arrays["work_key"] = keys.select(pl.struct("l", "k").rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
     arrays["gap_key"] = keys.select(pl.struct("p", "l", "k").rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
-    # The time carried in from the previous step is a property of the rank's place in the
-    # pipeline (the last stage finishes a step later than the first starts the next): compared
-    # only among ranks running the same program, and only where the previous step was seen.
-    carry_keys = keys.with_columns(g=pl.Series(arrays["gap_key"]), prog=ev.get_column("program"))
-    carry_rank = carry_keys.select(pl.struct("prog", "g").rank("dense").cast(pl.Int64) - 1)
-    arrays["carry_key"] = carry_rank.to_series().to_numpy()
-    arrays["carry_known"] = carry_known
     role_op = pl.concat_str(
         [role, pl.when(pl.col("is_p2p")).then(pl.lit("send/recv")).otherwise(pl.col("op"))], separator=" "
     )
@@ -313,23 +308,46 @@ def _levels(arrays: dict[str, np.ndarray]) -> list[tuple[np.ndarray, ...]] | Non
     Per event: its arrival needs the completion of the previous operation on its rank (level of
     that batch + 1); a group (collective, or a send with its receive) is ready once its members
     have arrived; a batch (operations posted together) completes once its groups are ready.
+    Levels are found inside each step first (all steps at once: a step's chain is short), then
+    the steps are laid end to end and the few constraints that cross a boundary (a rank's first
+    operation after its previous step's last; a group whose members fell in two steps) are
+    settled by relaxation.
     """
     prev, group, batch = arrays["prev"], arrays["group_dense"], arrays["batch"]
     n = prev.size
     n_groups, n_batches = int(group.max()) + 1, int(batch.max()) + 1
-    first, safe_prev = prev < 0, np.maximum(prev, 0)
-    lv_b = np.zeros(n_batches, np.int64)
-    for _ in range(int(arrays["max_chain"]) + 16):
-        lv_a = np.where(first, 0, lv_b[batch[safe_prev]] + 1)
-        lv_g = np.zeros(n_groups, np.int64)
-        np.maximum.at(lv_g, group, lv_a)
-        new = np.zeros(n_batches, np.int64)
-        np.maximum.at(new, batch, lv_g[group])
-        if np.array_equal(new, lv_b):
-            break
-        lv_b = new
-    else:
+    safe_prev = np.maximum(prev, 0)
+    inside = (prev >= 0) & (arrays["step"][safe_prev] == arrays["step"])
+    step_index = np.unique(arrays["step"], return_inverse=True)[1]
+    batch_step = np.zeros(n_batches, np.int64)
+    batch_step[batch] = step_index
+
+    def settle(
+        first: np.ndarray, lv_a: np.ndarray, lv_b: np.ndarray, rounds: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        for _ in range(rounds):
+            lv_a = np.where(first, lv_a, np.maximum(lv_a, lv_b[batch[safe_prev]] + 1))
+            lv_g = np.zeros(n_groups, np.int64)
+            np.maximum.at(lv_g, group, lv_a)
+            new = lv_b.copy()
+            np.maximum.at(new, batch, lv_g[group])
+            if np.array_equal(new, lv_b):
+                return lv_a, lv_g, lv_b
+            lv_b = new
+        return None
+
+    got = settle(~inside, np.zeros(n, np.int64), np.zeros(n_batches, np.int64), int(arrays["max_chain"]) + 16)
+    if got is None:
         return None  # matching errors formed a cycle
+    lv_a, _, lv_b = got
+    span = np.zeros(int(step_index.max(initial=0)) + 1, np.int64)
+    np.maximum.at(span, batch_step, lv_b + 1)
+    offset = np.r_[0, np.cumsum(span)[:-1]]
+    got = settle(prev < 0, lv_a + offset[step_index], lv_b + offset[batch_step], int(arrays["max_chain_all"]) + 16)
+    if got is None:
+        return None
+    lv_a, lv_g, lv_b = got
+    first = prev < 0
     n_levels = int(lv_b.max(initial=0)) + 1
     idx = np.arange(n)
     order_a = np.argsort(lv_a, kind="stable")
@@ -344,6 +362,7 @@ def _levels(arrays: dict[str, np.ndarray]) -> list[tuple[np.ndarray, ...]] | Non
     # Events alone in their group and their batch (compute, local operations): their batch ends
     # at their arrival plus their work, with no reduction; the fast plan handles them apart.
     alone = (np.bincount(group, minlength=n_groups)[group] == 1) & (np.bincount(batch, minlength=n_batches)[batch] == 1)
+    shifted = arrays["shift"] != 0
     plan = []
     for lv in range(n_levels):
         ia = order_a[cut_a[lv] : cut_a[lv + 1]]
@@ -352,12 +371,29 @@ def _levels(arrays: dict[str, np.ndarray]) -> list[tuple[np.ndarray, ...]] | Non
         g_seg = np.flatnonzero(np.r_[True, group[gm][1:] != group[gm][:-1]]) if gm.size else idx[:0]
         b_seg = np.flatnonzero(np.r_[True, batch[bm][1:] != batch[bm][:-1]]) if bm.size else idx[:0]
         step = (ia, gm, g_seg, group[gm][g_seg], bm, b_seg, batch[bm][b_seg])
-        # Fast plan: level 0 holds exactly the steps' first events (they start from the step's
-        # start); at other levels each arrival follows the end of the previous operation's batch.
+        # Fast plan: a rank's first operation starts from its observed start; any other arrival
+        # follows the end of the previous operation's batch (moved into its step's frame when
+        # that operation belongs to an earlier step).
+        starts, follows = ia[first[ia]], ia[~first[ia]]
+        moved = np.flatnonzero(shifted[follows])
         solo, gm2, bm2 = ia[alone[ia]], gm[~alone[gm]], bm[~alone[bm]]
         g2 = np.flatnonzero(np.r_[True, group[gm2][1:] != group[gm2][:-1]]) if gm2.size else idx[:0]
         b2 = np.flatnonzero(np.r_[True, batch[bm2][1:] != batch[bm2][:-1]]) if bm2.size else idx[:0]
-        fast = (ia, batch[safe_prev[ia]], solo, batch[solo], gm2, g2, group[gm2][g2], bm2, b2, batch[bm2][b2])
+        fast = (
+            starts,
+            follows,
+            batch[safe_prev[follows]],
+            moved,
+            follows[moved],
+            solo,
+            batch[solo],
+            gm2,
+            g2,
+            group[gm2][g2],
+            bm2,
+            b2,
+            batch[bm2][b2],
+        )
         plan.append((step, fast))
     return plan
 
@@ -365,25 +401,27 @@ def _levels(arrays: dict[str, np.ndarray]) -> list[tuple[np.ndarray, ...]] | Non
 def _replay(arrays: dict[str, np.ndarray], gap: np.ndarray, work: np.ndarray, start: np.ndarray) -> np.ndarray:
     """End time of every event in each scenario (rows of ``gap``, ``work``, ``start``), all steps at once.
 
-    The host issues an operation a gap after issuing the previous one, or after the previous one
-    completed when it waited for it; the device starts it once issued (plus the launch delay) and
-    once the previous operation on the rank has ended; a group completes its last member's arrival
-    plus its transfer; a batch completes with its slowest member. Max-plus: shorter durations
-    never give a later end.
+    Times are relative to each event's step frame (its step's begin); ``start`` is read only for
+    a rank's first operation. The host issues an operation a gap after issuing the previous one,
+    or after the previous one completed when it waited for it; the device starts it once issued
+    (plus the launch delay) and once the previous operation on the rank has ended; a group
+    completes its last member's arrival plus its transfer; a batch completes with its slowest
+    member. Max-plus: shorter durations never give a later end.
     """
     prev, group, batch = arrays["prev"], arrays["group_dense"], arrays["batch"]
     first, safe_prev = prev < 0, np.maximum(prev, 0)
-    sync, launch = arrays["sync"], arrays["launch"]
+    sync, launch, shift = arrays["sync"], arrays["launch"], arrays["shift"]
     c = gap.shape[0]
     plan = arrays["plan"]
     if plan is None:
         # A cycle (matching errors): iterate from below, a bounded number of passes.
         end = start.copy()
         cpu = start.copy()
-        for _ in range(int(arrays["max_chain"]) + 16):
-            base = np.where(first, start, np.where(sync, end[:, safe_prev], cpu[:, safe_prev]))
+        for _ in range(int(arrays["max_chain_all"]) + 16):
+            e_prev = end[:, safe_prev] + shift
+            base = np.where(first, start, np.where(sync, e_prev, cpu[:, safe_prev] + shift))
             new_cpu = base + gap
-            arrive = np.maximum(new_cpu, np.where(first, -np.inf, end[:, safe_prev])) + launch
+            arrive = np.maximum(new_cpu, np.where(first, -np.inf, e_prev)) + launch
             ready = np.full((c, int(group.max()) + 1), -np.inf)
             for i in range(c):
                 np.maximum.at(ready[i], group, arrive[i])
@@ -406,23 +444,28 @@ def _replay_events(
 ) -> np.ndarray:
     """``_replay`` on event-major inputs (events x scenarios) along the level plan; event-major ends.
 
-    ``start_t`` holds one row per event; only the steps' first events' rows are read.
+    ``start_t`` holds one row per event; only the rows of ranks' first operations are read.
     """
     prev, group, batch = arrays["prev"], arrays["group_dense"], arrays["batch"]
     first, safe_prev = prev < 0, np.maximum(prev, 0)
     sync, launch = arrays["sync"], arrays["launch"]
     n, c = gap_t.shape
+    shift_col = arrays["shift"].astype(gap_t.dtype)[:, None]
     ready = np.zeros((int(group.max()) + 1, c), dtype=gap_t.dtype)
     b_end = np.zeros((int(batch.max()) + 1, c), dtype=gap_t.dtype)
     arrive = np.zeros((n, c), dtype=gap_t.dtype)
     if bool(sync.all()) and not bool(launch.any()):
         # Without host issue times every operation is issued when the previous one on its rank
-        # ends: the arrival is that end (the step's start at level 0) plus the gap.
-        for lv, (_, (ia, prev_batch, solo, solo_batch, gm, g_seg, g_ids, bm, b_seg, b_ids)) in enumerate(
-            arrays["plan"]
-        ):
-            if ia.size:
-                arrive[ia] = (start_t[ia] if lv == 0 else b_end[prev_batch]) + gap_t[ia]
+        # ends: the arrival is that end (a rank's first: its start) plus the gap.
+        for _, fast in arrays["plan"]:
+            starts, follows, prev_batch, moved, moved_ev, solo, solo_batch, gm, g_seg, g_ids, bm, b_seg, b_ids = fast
+            if starts.size:
+                arrive[starts] = start_t[starts] + gap_t[starts]
+            if follows.size:
+                at = b_end[prev_batch] + gap_t[follows]
+                if moved.size:
+                    at[moved] += shift_col[moved_ev]
+                arrive[follows] = at
             if solo.size:
                 b_end[solo_batch] = arrive[solo] + work_t[solo]
             if gm.size:
@@ -434,9 +477,9 @@ def _replay_events(
     sync_col, first_col, launch_col = sync[:, None], first[:, None], launch[:, None]
     for (ia, gm, g_seg, g_ids, bm, b_seg, b_ids), _ in arrays["plan"]:
         if ia.size:
-            p, f = safe_prev[ia], first_col[ia]
-            e_prev = b_end[batch[p]]
-            base = np.where(f, start_t[ia], np.where(sync_col[ia], e_prev, cpu[p]))
+            p, f, sh = safe_prev[ia], first_col[ia], shift_col[ia]
+            e_prev = b_end[batch[p]] + sh
+            base = np.where(f, start_t[ia], np.where(sync_col[ia], e_prev, cpu[p] + sh))
             q = base + gap_t[ia]
             cpu[ia] = q
             arrive[ia] = np.maximum(q, np.where(f, -np.inf, e_prev)) + launch_col[ia]
@@ -448,12 +491,25 @@ def _replay_events(
 
 
 def _step_times(arrays: dict[str, np.ndarray], end: np.ndarray) -> np.ndarray:
-    """Per scenario (rows) and step (columns): latest end minus the step's begin."""
+    """Per scenario (rows) and step (columns): step time, from ends relative to each step's frame.
+
+    A step's time is the time from the previous step's last end to its own last end (the job's
+    iteration time; summed over steps, the time from the first start to the last end); the first
+    step's runs from its first start. Overlapping steps (a pipeline's first stage starts the next
+    step while the last drains) are not counted twice.
+    """
     end2 = np.atleast_2d(end)
     order, cuts = arrays["step_order"], arrays["step_cuts"]
     hi = np.maximum.reduceat(end2[:, order], cuts, axis=1)
-    out = hi - arrays["step_begin"][None, :]
+    out = _iteration_times(arrays, hi)
     return out if end.ndim == 2 else out[0]
+
+
+def _iteration_times(arrays: dict[str, np.ndarray], hi: np.ndarray) -> np.ndarray:
+    """Per scenario and step: step time from the step's last end relative to its frame (see _step_times)."""
+    out = hi.copy()
+    out[:, 1:] = np.maximum(hi[:, 1:] - hi[:, :-1] + np.diff(arrays["step_begin"])[None, :], 0.0)
+    return out
 
 
 def _lower_quartile(key: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -484,13 +540,10 @@ def _quantile(key: np.ndarray, values: np.ndarray, q: float) -> np.ndarray:
 
 
 def _ideal_inputs(arrays: dict[str, np.ndarray]) -> None:
-    """Per event: healthy (at most the lower quartile) and mean gap, work and carry; excess over the median."""
-    gap, work, carry = arrays["gap"], arrays["work"], arrays["carry"]
-    first = arrays["prev"] < 0
+    """Per event: healthy (at most the lower quartile) and mean gap and work; excess over the median."""
+    gap, work = arrays["gap"], arrays["work"]
     q_gap = _lower_quartile(arrays["gap_key"], gap)
     q_work = _lower_quartile(arrays["work_key"], work)
-    carried = np.where(first & arrays["carry_known"], carry, np.nan)
-    q_carry = _lower_quartile(arrays["carry_key"], carried)
     arrays["ideal_gap"] = np.where(np.isnan(q_gap), gap, np.minimum(gap, q_gap))
     arrays["ideal_work"] = np.where(np.isnan(q_work), work, np.minimum(work, q_work))
     med_gap = _quantile(arrays["gap_key"], gap, 0.5)
@@ -505,18 +558,15 @@ def _ideal_inputs(arrays: dict[str, np.ndarray]) -> None:
     np.add.at(per, (rank_index, arrays["step_index"]), arrays["excess_work"] + arrays["excess_gap"])
     arrays["rank_excess"] = per
     arrays["rank_ids"] = rank_ids
-    arrays["ideal_carry"] = np.where(first & ~np.isnan(q_carry), np.minimum(carry, q_carry), carry)
     # The what-if study's ideal: every operation at its mean over ranks and steps.
-    for name, key, values in (("gap", "gap_key", gap), ("work", "work_key", work), ("carry", "carry_key", carry)):
-        mean = _mean(arrays[key], carried if name == "carry" else values)
-        if name == "carry":
-            mean = np.where(np.isnan(carried), np.nan, mean)
+    for name, key, values in (("gap", "gap_key", gap), ("work", "work_key", work)):
+        mean = _mean(arrays[key], values)
         arrays[f"mean_{name}"] = np.where(np.isnan(mean), values, mean)
-    # The replay's float32 inputs, relative to each step's begin (see _run).
-    for name in ("work", "ideal_work", "gap", "ideal_gap", "carry", "ideal_carry"):
+    # The replay's float32 inputs, relative to each step's begin (see _run). A rank's first
+    # operation starts where it was observed to start, in every scenario.
+    for name in ("work", "ideal_work", "gap", "ideal_gap"):
         arrays[f"{name}32"] = arrays[name].astype(np.float32)
-    begin = arrays["step_begin"][arrays["step_index"]]
-    arrays["start_offset32"] = (arrays["step_start"] - begin).astype(np.float32)
+    arrays["start_offset32"] = arrays["start_offset"].astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -549,7 +599,6 @@ def _run(arrays: dict[str, np.ndarray], scenarios: list[_Scenario]) -> np.ndarra
     n = arrays["prev"].size
     chunk = int(np.clip(REPLAY_BUDGET // max(n * 4 * 8, 1), 4, 64))
     first = arrays["first_events"]
-    begin = arrays["step_begin"][arrays["step_index"]]
     for i in range(0, len(scenarios), chunk):
         part = scenarios[i : i + chunk]
         # Built event-major (events x scenarios), the layout the replay reads.
@@ -558,21 +607,17 @@ def _run(arrays: dict[str, np.ndarray], scenarios: list[_Scenario]) -> np.ndarra
         if arrays["plan"] is None:
             work = np.where(mw, arrays["work"][:, None], arrays["ideal_work"][:, None])
             gap = np.where(mg, arrays["gap"][:, None], arrays["ideal_gap"][:, None])
-            start = arrays["step_start"][:, None] + np.where(
-                mg, arrays["carry"][:, None], arrays["ideal_carry"][:, None]
-            )
-            end = _replay(arrays, gap.T, work.T, start.T).T - begin[:, None]
+            start = np.broadcast_to(arrays["start_offset"][:, None], gap.shape)
+            end = _replay(arrays, gap.T, work.T, start.T).T
         else:
             work = np.where(mw, arrays["work32"][:, None], arrays["ideal_work32"][:, None])
             gap = np.where(mg, arrays["gap32"][:, None], arrays["ideal_gap32"][:, None])
-            # Only the steps' first events read their start.
+            # Only the ranks' first events read their start.
             start = np.empty_like(gap)
-            start[first] = arrays["start_offset32"][first, None] + np.where(
-                mg[first], arrays["carry32"][first, None], arrays["ideal_carry32"][first, None]
-            )
+            start[first] = arrays["start_offset32"][first, None]
             end = _replay_events(arrays, gap, work, start)
         hi = np.maximum.reduceat(end[order], cuts, axis=0)
-        out.append(hi.T.astype(np.float64))
+        out.append(_iteration_times(arrays, hi.T.astype(np.float64)))
     return np.concatenate(out) if out else np.zeros((0, arrays["step_begin"].size))
 
 
@@ -741,7 +786,11 @@ def analyse_stragglers(
         ev, arrays = _prepare_replay(df, matches)
     else:
         ev, arrays = df.clear(), {}
-    observed = _step_times(arrays, ev.get_column("e").to_numpy().astype(np.float64)) if ev.height else np.zeros(0)
+    observed = (
+        _step_times(arrays, ev.get_column("e").to_numpy().astype(np.float64) - arrays["step_start"])
+        if ev.height
+        else np.zeros(0)
+    )
     if evidence is None and (observed.size == 0 or float(observed.sum()) <= 0):
         evidence = "insufficient: no step with timed operations on two or more ranks"
     n_ev = ev.height
@@ -789,9 +838,9 @@ def analyse_stragglers(
         kind_restore = [_Scenario(kind_masks[k], nothing) for k in kinds] + [_Scenario(nothing, everything)]
         times = _run(arrays, base + restore + remove + kind_restore)
         actual, ideal = times[0], times[1]
-        start = arrays["step_start"] + arrays["mean_carry"]
         mean_ideal = _step_times(
-            arrays, _replay(arrays, arrays["mean_gap"][None], arrays["mean_work"][None], start[None])
+            arrays,
+            _replay(arrays, arrays["mean_gap"][None], arrays["mean_work"][None], arrays["start_offset"][None]),
         )[0]
         nc = len(names)
         t_restore = dict(zip(names, times[2 : 2 + nc], strict=True))
@@ -840,17 +889,26 @@ def analyse_stragglers(
     # A later culprit must already have cost something in the job as observed, or be about as
     # slow (per rank) as the first: once the first culprit is gone, the critical path moves, and a
     # part of the program that is merely a little longer by construction (a first stage holding
-    # the embedding) would otherwise "save" time only in that hypothetical job.
+    # the embedding) would otherwise "save" time only in that hypothetical job. What a candidate
+    # cost in the observed job counts only for its part outside the culprits already named: a
+    # group holding a slow link's ranks "cost" the link's time, an effect of the culprit.
     chosen = _Candidate(set(), nothing, nothing)
     groups: list[dict] = []
     current = actual
     observed_cost: set[str] = set()
+    first_bar: dict[str, float] = {}
     first_rate = 0.0
     for _ in range(max_culprit_groups if subsets else 0):
         open_names = [n for n in names if (cands[n].work & ~chosen.work).any() or (cands[n].gap & ~chosen.gap).any()]
         if not open_names:
             break
         chosen_events = np.isin(arrays["rank"], list(chosen.ranks))
+        shared = [n for n in observed_cost if (cands[n].work & chosen.work).any() or (cands[n].gap & chosen.gap).any()]
+        if shared:
+            rest = [_Scenario(~(cands[n].work & ~chosen.work), ~(cands[n].gap & ~chosen.gap)) for n in shared]
+            for n, t in zip(shared, _run(arrays, rest), strict=True):
+                if float((actual - t).mean()) <= first_bar[n]:
+                    observed_cost.discard(n)
         own_excess: dict[str, tuple[np.ndarray, float]] = {}
         rate: dict[str, float] = {}  # excess per rank not yet named
         for n in open_names:
@@ -893,11 +951,13 @@ def analyse_stragglers(
             if kind != "rank":
                 bar = max(threshold, bar)
             consistency = float((current - totals[n] > 0.5 * bar).mean())
-            if not groups and v > bar:
+            evident = v > bar and consistency >= 0.5 and _significant(extra, pooled)
+            if not groups and evident:
                 observed_cost.add(n)
+                first_bar[n] = bar
             if groups and n not in observed_cost and rate[n] < 0.5 * first_rate:
                 continue
-            if v > bar and consistency >= 0.5 and _significant(extra, pooled):
+            if evident:
                 passing[n] = (float(extra.mean()), consistency)
         if not passing:
             break
