@@ -18,8 +18,9 @@ what each reader costs to get those events out, in CPU seconds and in peak memor
 
 The text is the recorded 8-rank GPU-lab trace (tests/data/kineto_gpu_lab_8rank, rank 0), its
 events repeated to ``--mb`` megabytes so the mix of events is a real one. Each reader runs in a
-fresh child process with cyclic GC off, as the importer reads (peak RSS measured there, from the
-child's start); readers alternate over
+fresh child process (forked after every library was imported, so no reader pays for imports)
+with cyclic GC off, as the importer reads (peak RSS measured there, from the child's start);
+readers alternate over
 ``--rounds`` rounds and the median CPU time is printed, with the load average.
 
     .venv/bin/python bench/kineto_readers.py [--mb 64] [--rounds 3]
@@ -41,6 +42,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import orjson
+import pyarrow.compute as pc
+import pyarrow.json as pj
+import simdjson
+
+from comminsight.importers import kineto
+from comminsight.importers.columns import paused_gc
 
 RECORDED = Path(__file__).resolve().parent.parent / "tests/data/kineto_gpu_lab_8rank/rank0.pt.trace.json.gz"
 
@@ -59,8 +67,6 @@ def read_json(path: Path) -> int:
 
 
 def read_orjson(path: Path) -> int:
-    import orjson
-
     return sum(map(_wanted, orjson.loads(path.read_bytes())["traceEvents"]))
 
 
@@ -96,8 +102,6 @@ def read_msgspec(path: Path) -> int:
 
 
 def read_simdjson(path: Path) -> int:
-    import simdjson
-
     doc = simdjson.Parser().parse(path.read_bytes())
     count = 0
     for e in doc["traceEvents"]:
@@ -112,9 +116,6 @@ def read_simdjson(path: Path) -> int:
 
 
 def read_pyarrow(path: Path) -> int:
-    import pyarrow.compute as pc
-    import pyarrow.json as pj
-
     table = pj.read_json(
         path,
         read_options=pj.ReadOptions(block_size=path.stat().st_size + 1),
@@ -128,17 +129,11 @@ def read_pyarrow(path: Path) -> int:
 
 
 def read_importer(path: Path) -> int:
-    from comminsight.importers import kineto
-    from comminsight.importers.columns import paused_gc
-
     with paused_gc():  # as kineto.load reads
         return len(kineto._read(path)["traceEvents"])
 
 
 def read_scanner(path: Path) -> int:
-    from comminsight.importers import kineto
-    from comminsight.importers.columns import paused_gc
-
     kineto._TraceReader._decode_run = lambda self, buf: None  # every run to the bracket scanner
     with paused_gc():
         return len(kineto._read(path)["traceEvents"])
