@@ -118,73 +118,97 @@ typedef struct ci_comm {
 
 /* ---- pool.c: operation slots ---- */
 enum { CI_SLOT_FREE = 0, CI_SLOT_INFLIGHT = 1, CI_SLOT_DONE = 2 };
-#define CI_REFS_KCH   (1ull << 32) /* one KernelCh child started beyond the announced channels (16 bits) */
-#define CI_REFS_PROXY (1ull << 48) /* one ProxyOp child started (15 bits) */
-#define CI_REFS_DONE  (1ull << 63) /* taken out of flight by finalize: the last part must not complete it */
+#define CI_REFS_DONE  (1ull << 63) /* ops without announced channels: taken out of flight by finalize */
 
 /*
- * One operation slot. Every field the event path writes lies in the first three cache lines, and the
- * event path prefetches those lines for writing one operation ahead (see pool.c), so the slot's lines,
- * last read by the writer thread, are back in the producer's cache before it needs them.
+ * One operation slot (256 bytes, so a handle's low 8 bits are free: 2 tag bits and 6 bits of `gen`).
+ * Who writes what, so that no field needs a locked operation on the event path:
+ *   - the enqueuing thread (Coll/P2p start): everything up to `state`, then t_stop at its stopEvent;
+ *   - the thread that reports the op's children (NCCL's proxy thread): the children counters, c_closed,
+ *     gpu_start/gpu_end, t_complete and from_gpu; it closes the channel side and tells the writer;
+ *   - the writer: decides completion (channel side closed, told through a completion ring, and t_stop set),
+ *     and frees the slot.
+ * Ops that announce no channel (n_channels == 0) keep the older protocol: `refs` counts their open parts and
+ * whoever closes the last one (one fetch_sub) tells the writer.
  */
 typedef struct __attribute__((aligned(256))) ci_op {
-    _Atomic uint64_t refs;       /* low 32: outstanding (the op + open children); high: children started */
+    _Atomic uint64_t refs;       /* n_channels == 0 only: open parts (low 32 bits), CI_REFS_DONE */
     _Atomic uint32_t state;      /* CI_SLOT_* */
     uint32_t index;
-    /* index + 1 of the next slot, 0 = none: the free-stack link while free, the shard's completion-list
-       link once completed (the two uses never overlap in time) */
-    _Atomic uint32_t link;
+    _Atomic uint32_t link;       /* index + 1 of the next slot while on a free stack or chain, 0 = none */
+    _Atomic uint32_t gen;        /* bumped by each op start: handles and completion entries carry it */
     ci_comm* comm;
     _Atomic uint64_t t_start;    /* ticks */
-    _Atomic uint64_t t_stop;     /* ticks, 0 until stopEvent */
-    uint64_t t_complete;         /* ticks, set by the completing thread */
+    _Atomic uint64_t t_stop;     /* ticks, 0 until stopEvent (the enqueue side closed) */
+    _Atomic uint64_t t_complete; /* ticks, host read when the last part closed (0 with from_gpu) */
     _Atomic uint64_t gpu_start;  /* min KernelCh start pTimer, UINT64_MAX unknown */
     _Atomic uint64_t gpu_end;    /* max KernelCh stop pTimer */
     uint64_t seq, count, stream;
     int32_t peer, tid;
-    uint8_t kind, n_channels, flags, reported;
-    /* announced kernel channels started so far: written only by the thread reporting the op's channels
-       (NCCL's proxy thread), so a relaxed load and store, no locked operation; extra children beyond
-       n_channels go through `refs` */
-    _Atomic uint16_t kch_started;
-    uint8_t snapped;             /* already put in the ring as CI_STATE_INFLIGHT for the agent */
+    /* the descriptor's names as copied on the event path (8-byte aligned, no store splits a line): up to the
+       field's size, NOT necessarily NUL-terminated and possibly followed by bytes of whatever followed the
+       source string (see ci_name_copy); readers copy them with ci_copy_str, which stops at the NUL or the
+       field's end */
     char func[24], dtype[16], algo[16], proto[16];
+    uint8_t kind, n_channels, flags, reported;
+    /* children (KernelCh, ProxyOp): written only by the thread reporting them, relaxed loads and stores */
+    _Atomic uint16_t kch_started;      /* KernelCh children started, announced or not */
+    _Atomic uint16_t children_started; /* every child started */
+    _Atomic uint16_t children_stopped;
+    _Atomic uint8_t c_closed;          /* channel side closed: later children are ignored */
+    _Atomic uint8_t from_gpu;          /* completion time = gpu_end on the host clock (CI_FLAG_COMPLETE_FROM_GPU) */
+    uint8_t snapped;             /* already put in the ring as CI_STATE_INFLIGHT for the agent */
 } ci_op;
+_Static_assert(sizeof(ci_op) == 256, "handles keep 8 low bits of a slot's address for tags and generation");
+/* the event path writes the first three lines only; slot_take prefetches exactly those (pool.c) */
+_Static_assert(__builtin_offsetof(ci_op, snapped) < 3 * CI_CACHELINE, "event-path fields within three lines");
 
-/*
- * Per shard, on a cache line of its own (so one shard's traffic never invalidates another's, nor the
- * read-mostly pool fields every producer reads): the free stack, (tag << 32 | index + 1) in one word so
- * a CAS never suffers ABA, and the completion list (index + 1 of the last completed slot; producers push
- * with one CAS, the writer takes the whole list with one exchange, so it needs no tag).
- */
+/* Per shard, on a cache line of its own: the free stack, (tag << 32 | index + 1) in one word, so a CAS
+   never suffers ABA. */
 typedef struct __attribute__((aligned(CI_CACHELINE))) ci_shard_lists {
     _Atomic uint64_t free_head;
-    _Atomic uint32_t done_head;
 } ci_shard_lists;
 
 /*
- * A completing thread's own completion ring: single producer (the thread that claimed it), single consumer
- * (the writer), so a completion is a plain store and a release store, no locked operation. Its capacity is
- * at least the pool's size, so it can never be full (every entry is a distinct completed slot not yet drained).
+ * Completion rings: a thread that closes ops (in practice NCCL's proxy thread) claims one of CI_DONE_RINGS
+ * at its first close and tells the writer of each op it closed with one 32-bit entry (ci_done_entry: the
+ * slot's index + 1 and 13 bits of its generation; 0 is an empty entry). Its position is thread-local and there
+ * is no shared head: the producer checks that the entry it is about to write is empty (the line it writes
+ * anyway), stores it with release, and the writer takes entries from its own tail until it meets an empty
+ * one, zeroing each. So a close costs two plain stores and no locked operation. Ring CI_DONE_RINGS is shared
+ * by threads that found no free ring (and by a full ring's thread): they take positions with one fetch_add.
+ * Capacity: the pool's size (rounded up to a power of two). An op gets one entry per generation and the
+ * writer frees a slot only after taking its entry, so a ring holds at most one live entry per slot; only an
+ * op taken out of flight by finalize while its channels were still being reported can leave a stale one.
+ * If a ring were ever full, the close goes to the shared ring, and if that is full it is counted
+ * (`lost_closes`, added to the ring header's `lost`) and the op stays in flight until finalize writes it as
+ * abandoned: nothing is overwritten. The rings are written once at start, so no page is first touched on
+ * the event path.
  * `state`: 0 free, 1 owned by a live thread, 2 its thread exited (the writer drains it, then frees it).
  */
 #define CI_DONE_RINGS 16
+#define CI_ENTRY_INDEX_BITS 19 /* index + 1 of a slot: pools hold at most 262144 = 2^18 slots */
 typedef struct ci_done_ring {
-    _Alignas(CI_CACHELINE) _Atomic uint32_t head; /* producer: entries pushed (free-running) */
-    _Alignas(CI_CACHELINE) uint32_t tail;         /* writer only: entries drained */
-    _Atomic uint32_t state;
-    uint32_t* slots;                              /* [pool size] slot indices */
+    _Alignas(CI_CACHELINE) _Atomic uint32_t state;
+    uint32_t tail;                                /* writer only: entries drained */
+    _Atomic uint32_t* slots;
+    _Atomic uint64_t next;                        /* the shared ring only: next position to claim */
 } ci_done_ring;
 
 typedef struct ci_pool {
     /* read by every producer, written only at init: a line of its own */
     _Alignas(CI_CACHELINE) ci_op* ops;
     uint32_t size, per_shard, ring_mask;
-    ci_done_ring rings[CI_DONE_RINGS];
+    _Atomic uint64_t lost_closes; /* closes that found every ring full (see ci_done_ring) */
+    ci_done_ring rings[CI_DONE_RINGS + 1];
     ci_shard_lists lists[CI_SHARDS];
     /* writer side only: batch of frees per shard (index + 1), pushed as one chain per cycle */
     _Alignas(CI_CACHELINE) uint32_t chain_top[CI_SHARDS];
     uint32_t chain_bottom[CI_SHARDS];
+    /* writer side only: entries of ops whose channel side closed before their enqueue's stopEvent came */
+    uint32_t* waiting;
+    uint32_t n_waiting;
+    uint32_t* drained;           /* index + 1 of the ops one drain completed, in order */
 } ci_pool;
 int ci_pool_init(ci_pool* p, uint32_t size);   /* 0, or -1 on allocation failure */
 void ci_pool_free(ci_pool* p);
@@ -193,22 +217,57 @@ void ci_pool_free(ci_pool* p);
 uint32_t ci_pool_alloc_batch(ci_pool* p, unsigned shard, uint32_t* out, uint32_t max);
 void ci_pool_give_back(ci_pool* p, uint32_t idx); /* a cached, unused slot back to its home shard */
 void ci_pool_prefetch(const ci_pool* p, uint32_t idx); /* the lines the event path writes, for writing */
-void ci_pool_complete(ci_pool* p, unsigned shard, ci_op* op); /* event path: onto `shard`'s completion list */
-ci_op* ci_pool_take_done(ci_pool* p, unsigned shard); /* writer: the shard's completed slots, oldest first, via link */
-/* A free completion ring for the calling thread, or NULL when all are taken (then it uses the shard lists). */
+/* A free completion ring for the calling thread, or NULL when all are taken (then it uses the shared one). */
 ci_done_ring* ci_pool_ring_claim(ci_pool* p);
 void ci_pool_ring_leave(ci_done_ring* r); /* the owning thread exits: the writer frees the ring once drained */
-ci_op* ci_pool_take_ring(ci_pool* p, unsigned ring); /* writer: the ring's completed slots, oldest first, via link */
+void ci_pool_push_shared(ci_pool* p, uint32_t entry); /* the shared ring: one fetch_add */
+/* Writer: every entry of ring `ring` written so far, in order, to fn; frees a ring whose thread left. */
+void ci_pool_drain_ring(ci_pool* p, unsigned ring, void (*fn)(void* arg, uint32_t entry), void* arg);
 
-/* Event path: the owning thread publishes a completed slot on its ring (never full, see above). */
-static inline void ci_done_ring_push(ci_done_ring* r, uint32_t idx, uint32_t mask) {
-    uint32_t h = atomic_load_explicit(&r->head, memory_order_relaxed); /* only this thread writes it */
-    r->slots[h & mask] = idx;
-    /* release: the slot's fields and this entry are visible to the writer that acquires head */
-    atomic_store_explicit(&r->head, h + 1, memory_order_release);
+static inline uint32_t ci_done_entry(const ci_op* op, uint32_t gen) {
+    return (gen << CI_ENTRY_INDEX_BITS) | (op->index + 1);
+}
+static inline uint32_t ci_entry_index(uint32_t entry) { return (entry & ((1u << CI_ENTRY_INDEX_BITS) - 1)) - 1; }
+static inline int ci_entry_gen_matches(uint32_t entry, uint32_t gen) {
+    return (entry >> CI_ENTRY_INDEX_BITS) == (gen & ((1u << (32 - CI_ENTRY_INDEX_BITS)) - 1));
+}
+
+/* Event path: the owning thread's entry at its position `pos`; 0 when that entry is still taken (full). */
+static inline int ci_done_ring_push(ci_done_ring* r, uint32_t pos, uint32_t mask, uint32_t entry) {
+    _Atomic uint32_t* e = &r->slots[pos & mask];
+    if (__builtin_expect(atomic_load_explicit(e, memory_order_relaxed) != 0, 0)) return 0;
+    /* release: the op's fields written by this thread are visible to the writer that reads the entry */
+    atomic_store_explicit(e, entry, memory_order_release);
+    return 1;
 }
 void ci_pool_release(ci_pool* p, ci_op* op);      /* writer side: queued for its home shard */
 void ci_pool_flush_frees(ci_pool* p);             /* writer side: one CAS per shard for all queued frees */
+
+/*
+ * Copies a descriptor name into a slot's field of `cap` bytes (16 or 24) on the event path. On x86-64 a
+ * name whose `cap`-byte window lies inside one page is copied as whole 8-byte words without looking for
+ * its end (the same page-confined over-read libc's string functions do, so it never faults): the field
+ * then holds the name, its NUL when the name is shorter, and possibly bytes that followed it in the
+ * caller's memory, which every reader ignores (they stop at the NUL or the field's end). Otherwise, and on
+ * other architectures, it is ci_copy_str. About 8 instructions instead of two libc calls.
+ */
+void ci_copy_str(char* dst, size_t cap, const char* src);
+typedef uint64_t ci_word_u __attribute__((may_alias, aligned(1)));
+/* the over-read is deliberate and page-confined (above): the sanitizers are told not to check it */
+static inline __attribute__((no_sanitize_address, no_sanitize_thread)) void ci_name_copy_words(char* dst,
+                                                                                                 const char* src,
+                                                                                                 size_t cap) {
+    for (size_t i = 0; i < cap; i += 8) *(ci_word_u*)(dst + i) = *(const ci_word_u*)(src + i);
+}
+static inline void ci_name_copy(char* dst, size_t cap, const char* src) {
+#if defined(__x86_64__)
+    if (__builtin_expect(src != NULL && ((uintptr_t)src & 4095u) <= 4096u - cap, 1)) {
+        ci_name_copy_words(dst, src, cap);
+        return;
+    }
+#endif
+    ci_copy_str(dst, cap, src);
+}
 
 /* ---- ring.c: SPSC shared-memory ring (layout in comminsight_ring.h) ---- */
 typedef struct ci_ring {

@@ -7,8 +7,10 @@
  * CI_STATE_TIMEOUT snapshot record and into a JSON evidence file under
  * <home>/hang_detection/. At finalize (the abort after a watchdog timeout
  * lands here) every operation still in flight is taken out of the table
- * (by setting CI_REFS_DONE in refs: exactly one of it and the completing
- * thread wins), written as ABANDONED (ENQUEUED when no kernel channel ever started),
+ * (the writer decides completion under the same lock, after draining the
+ * completion rings, so nothing races it; an op without announced channels
+ * is taken by setting CI_REFS_DONE in refs: exactly one of it and the
+ * closing thread wins), written as ABANDONED (ENQUEUED when no kernel channel ever started),
  * and listed in an evidence file. When the agent sets inflight_report_ns in
  * the ring header, the same scan puts each op in flight longer than that into
  * the ring once (CI_STATE_INFLIGHT; the raw log is not touched), so the agent
@@ -70,9 +72,18 @@ static int evidence_open(ci_runtime* rt, evidence* e, const char* reason, uint64
     return 0;
 }
 
+/* Parts of an op still open: the enqueue until its stop, announced channels not started, children not stopped. */
+static unsigned parts_open(const ci_op* op) {
+    if (op->n_channels == 0) return (unsigned)(atomic_load_explicit(&op->refs, memory_order_relaxed) & 0xffffffffu);
+    unsigned kch = atomic_load_explicit(&op->kch_started, memory_order_relaxed);
+    return (atomic_load_explicit(&op->t_stop, memory_order_relaxed) == 0) +
+           (kch < op->n_channels ? op->n_channels - kch : 0) +
+           (uint16_t)(atomic_load_explicit(&op->children_started, memory_order_relaxed) -
+                      atomic_load_explicit(&op->children_stopped, memory_order_relaxed));
+}
+
 static void evidence_add(evidence* e, const ci_op_record* r, const ci_op* op, uint64_t now_ns) {
     if (e->f == NULL) return;
-    uint64_t refs = atomic_load_explicit(&op->refs, memory_order_relaxed);
     fprintf(e->f, "%s\n  {\"comm_hash\": %llu, \"comm_name\": ", e->n ? "," : "", (unsigned long long)r->comm_hash);
     json_str(e->f, r->comm_name, sizeof(r->comm_name));
     fprintf(e->f, ", \"rank\": %d, \"nranks\": %d, \"func\": ", r->rank, r->nranks);
@@ -85,9 +96,8 @@ static void evidence_add(evidence* e, const ci_op_record* r, const ci_op* op, ui
             state_name(r->state), (unsigned long long)r->enqueue_start_ns, (unsigned long long)r->enqueue_end_ns,
             (unsigned long long)(now_ns > r->enqueue_start_ns ? now_ns - r->enqueue_start_ns : 0),
             (unsigned long long)r->gpu_start_ns,
-            (unsigned)((refs >> 32) & 0xffff) + atomic_load_explicit(&op->kch_started, memory_order_relaxed),
-            (unsigned)op->n_channels,
-            (unsigned)(refs & 0xffffffffu), (unsigned long long)r->record_seq);
+            (unsigned)atomic_load_explicit(&op->kch_started, memory_order_relaxed), (unsigned)op->n_channels,
+            parts_open(op), (unsigned long long)r->record_seq);
     e->n++;
 }
 
@@ -142,12 +152,16 @@ void ci_hang_abandon_locked(ci_runtime* rt, const ci_comm* comm) {
         ci_op* op = &rt->pool.ops[i];
         if (atomic_load_explicit(&op->state, memory_order_acquire) != CI_SLOT_INFLIGHT) continue;
         if (comm != NULL && op->comm != comm) continue;
-        /* take the op out of flight unless its last part already closed: exactly one side wins (see plugin.c) */
-        uint64_t refs = atomic_fetch_or_explicit(&op->refs, CI_REFS_DONE, memory_order_acq_rel);
-        if ((uint32_t)refs == 0 || (refs & CI_REFS_DONE)) continue;
+        if (op->n_channels == 0) {
+            /* take the op out of flight unless its last part already closed: exactly one side wins (plugin.c) */
+            uint64_t refs = atomic_fetch_or_explicit(&op->refs, CI_REFS_DONE, memory_order_acq_rel);
+            if ((uint32_t)refs == 0 || (refs & CI_REFS_DONE)) continue;
+        }
+        /* with announced channels only this thread (under out_lock) completes ops; a close entry that comes
+           after this is stale (the slot is no longer in flight, or serves a later generation) */
         atomic_store_explicit(&op->state, CI_SLOT_DONE, memory_order_relaxed);
-        int enqueued_only = atomic_load_explicit(&op->t_stop, memory_order_relaxed) != 0 && (refs >> 32) == 0 &&
-                            atomic_load_explicit(&op->kch_started, memory_order_relaxed) == 0;
+        int enqueued_only = atomic_load_explicit(&op->t_stop, memory_order_relaxed) != 0 &&
+                            atomic_load_explicit(&op->children_started, memory_order_relaxed) == 0;
         ci_op_record rec;
         ci_writer_emit_locked(rt, op, enqueued_only ? CI_STATE_ENQUEUED : CI_STATE_ABANDONED, &rec);
         if (e.f == NULL && e.n == 0 && evidence_open(rt, &e, "finalize", now_ns) != 0) e.n = -1;

@@ -7,14 +7,20 @@
  * from the pool (per-thread shard), children (KernelCh, ProxyOp) get the
  * parent's address with a tag in the low bits as handle, CollApi/P2pApi get
  * the stream itself (tagged in the top bits) as handle, every other type a
- * NULL handle. `refs` counts the operation's open parts: the op itself until
- * its stopEvent (enqueued), one per kernel channel announced in the
- * descriptor's nChannels until that channel's KernelCh stops (as NVIDIA's
- * inspector plugin decides completion), and any extra child until it stops.
- * Whoever closes the last part (one fetch_sub sees the count reach zero)
- * publishes the slot on its own completion ring (single producer, no
- * locked operation; the shard's list when it has none). No lock,
- * syscall, allocation or wait on that path; an empty pool drops and counts.
+ * NULL handle. Handles carry 6 bits of the slot's generation, so a handle
+ * kept past its op's end (a late child, a stale stop) is rejected once the
+ * slot serves another op. Completion needs no locked operation: an op is
+ * complete when its channel side closed (every kernel channel announced in
+ * the descriptor's nChannels, as NVIDIA's inspector plugin decides, and every
+ * other child that started, stopped) and its enqueue's stopEvent came. The
+ * thread that reports the children (NCCL's proxy thread) counts them in
+ * fields only it writes, and when it closes the channel side it tells the
+ * writer with one entry on its own completion ring (pool.c); the enqueuing
+ * thread's stopEvent only stores its tick. The writer, which reads both,
+ * completes the op, or waits for the stopEvent when the kernel finished
+ * first. Ops that announce no channel keep the older protocol (a `refs`
+ * count, one fetch_sub per closed part). No lock, syscall, allocation or
+ * wait on that path; an empty pool drops and counts.
  * The exported tables (v5, v4) are the last thing in this file.
  */
 #include <stdio.h>
@@ -61,10 +67,11 @@ static CI_TLS uint32_t tls_gen;
 static CI_TLS uint32_t tls_n;
 static CI_TLS uint32_t tls_slots[CI_TLS_SLOTS];
 static CI_TLS uint32_t tls_registered; /* generation whose key holds this thread's destructor */
-/* This thread's completion ring (see ci_done_ring), claimed at its first completion in a runtime;
-   NULL with tls_ring_gen current: none was free, the shard lists serve this thread. */
+/* This thread's completion ring (see ci_done_ring), claimed at its first close in a runtime, and its position
+   in it; NULL with tls_ring_gen current: none was free, this thread uses the shared ring. */
 static CI_TLS ci_done_ring* tls_ring;
 static CI_TLS uint32_t tls_ring_gen;
+static CI_TLS uint32_t tls_ring_pos;
 /* created at runtime start and deleted at its stop (under g_init_lock), so no destructor of ours runs
    after NCCL unloads the library */
 static pthread_key_t g_tls_key;
@@ -82,11 +89,24 @@ static inline unsigned my_shard(void) {
     return (unsigned)tls_shard;
 }
 
-static inline ci_op* as_op(const ci_runtime* rt, const void* p) {
-    uintptr_t off = (uintptr_t)p - rt->pool_base;
-    /* only our own slots are dereferenced: anything else (NULL, API handles, stale) is rejected */
-    if (off >= rt->pool_bytes || (off & (sizeof(ci_op) - 1)) != 0) return NULL;
-    return (ci_op*)p;
+/* Handle bits below the 256-byte slot address: 2 tag bits (the op itself, a KernelCh, a ProxyOp child), then
+   6 bits of the op's generation. */
+#define GEN_SHIFT 2
+#define GEN_MASK  ((uintptr_t)63)
+#define SLOT_LOW  ((uintptr_t)sizeof(ci_op) - 1)
+
+static inline uintptr_t op_handle(const ci_op* op, uint32_t gen) {
+    return (uintptr_t)op | (((uintptr_t)gen & GEN_MASK) << GEN_SHIFT);
+}
+
+/* The op a handle names, or NULL: only our own slots are dereferenced (NULL, API handles and foreign
+   pointers are rejected), and a handle of an earlier op of the slot (generation differs) is stale. */
+static inline ci_op* handle_op(const ci_runtime* rt, uintptr_t v) {
+    uintptr_t off = v - rt->pool_base;
+    if (off >= rt->pool_bytes) return NULL;
+    ci_op* op = (ci_op*)(rt->pool_base + (off & ~SLOT_LOW));
+    if (((v >> GEN_SHIFT) & GEN_MASK) != (atomic_load_explicit(&op->gen, memory_order_relaxed) & GEN_MASK)) return NULL;
+    return op;
 }
 
 /* Threads inside tls_give_back: the last finalize waits for them to leave before it returns, since NCCL
@@ -151,11 +171,19 @@ static inline void* op_start(ci_comm* comm, const void* parent, uint8_t kind, ui
         atomic_fetch_add_explicit(&rt->shards[shard].lost, 1, memory_order_relaxed);
         return NULL;
     }
+    /* the slot is this thread's alone until `state` below publishes it */
+    uint32_t gen = atomic_load_explicit(&op->gen, memory_order_relaxed) + 1;
+    atomic_store_explicit(&op->gen, gen, memory_order_relaxed);
     atomic_store_explicit(&op->t_start, ci_ticks(), memory_order_relaxed);
     atomic_store_explicit(&op->t_stop, 0, memory_order_relaxed);
-    /* open parts: the op itself (until stopEvent) and each announced kernel channel (until its stop) */
-    atomic_store_explicit(&op->refs, 1u + nch, memory_order_relaxed);
+    atomic_store_explicit(&op->t_complete, 0, memory_order_relaxed);
+    /* only ops without announced channels count parts in refs: the op itself until its stopEvent */
+    atomic_store_explicit(&op->refs, 1, memory_order_relaxed);
     atomic_store_explicit(&op->kch_started, 0, memory_order_relaxed);
+    atomic_store_explicit(&op->children_started, 0, memory_order_relaxed);
+    atomic_store_explicit(&op->children_stopped, 0, memory_order_relaxed);
+    atomic_store_explicit(&op->c_closed, 0, memory_order_relaxed);
+    atomic_store_explicit(&op->from_gpu, 0, memory_order_relaxed);
     atomic_store_explicit(&op->gpu_start, UINT64_MAX, memory_order_relaxed);
     atomic_store_explicit(&op->gpu_end, 0, memory_order_relaxed);
     op->comm = comm;
@@ -175,88 +203,92 @@ static inline void* op_start(ci_comm* comm, const void* parent, uint8_t kind, ui
         op->stream = 0;
         op->flags = 0;
     }
-    ci_copy_str(op->func, sizeof(op->func), func);
-    ci_copy_str(op->dtype, sizeof(op->dtype), dtype);
-    ci_copy_str(op->algo, sizeof(op->algo), algo);
-    ci_copy_str(op->proto, sizeof(op->proto), proto);
-    /* release: the slot's fields are visible to the hang scan before it reads INFLIGHT */
+    ci_name_copy(op->func, sizeof(op->func), func);
+    ci_name_copy(op->dtype, sizeof(op->dtype), dtype);
+    ci_name_copy(op->algo, sizeof(op->algo), algo);
+    ci_name_copy(op->proto, sizeof(op->proto), proto);
+    /* release: the slot's fields are visible to the hang scan and the child reporter before they read INFLIGHT */
     atomic_store_explicit(&op->state, CI_SLOT_INFLIGHT, memory_order_release);
-    return op;
+    return (void*)op_handle(op, gen);
 }
 
 /*
  * Completion time without a host clock read where the GPU already said when the op ended: one GPU-timed
- * completion in CI_GPU_SAMPLE per thread reads the host clock, which gives the writer the GPU -> host
- * offset; the others are marked CI_FLAG_COMPLETE_FROM_GPU and converted by the writer. When the
- * enqueue's stopEvent closes the op, its own stop tick is the completion time.
+ * close in CI_GPU_SAMPLE per thread reads the host clock, which gives the writer the GPU -> host
+ * offset; the others are marked from_gpu and converted by the writer. When the enqueue's stopEvent
+ * closes the op, its own stop tick is the completion time (the writer takes the later of the two).
  */
 #define CI_GPU_SAMPLE 16
 static CI_TLS uint32_t tls_gpu_completions;
 
-/* First completion of this thread in this runtime: claim a completion ring. Off the common path. */
+/* First close of this thread in this runtime: claim a completion ring. Off the common path. */
 static __attribute__((noinline)) void ring_claim(ci_runtime* rt) {
     tls_ring_gen = rt->generation;
+    tls_ring_pos = 0;
     tls_ring = ci_pool_ring_claim(&rt->pool);
     if (tls_ring != NULL) tls_register(rt); /* the ring is handed back when this thread exits */
 }
 
-static inline void op_complete(ci_op* op, uint64_t closing_tick) {
-    atomic_store_explicit(&op->state, CI_SLOT_DONE, memory_order_relaxed);
-    if (closing_tick != 0) {
-        op->t_complete = closing_tick;
-    } else if (atomic_load_explicit(&op->gpu_end, memory_order_relaxed) != 0 &&
-               tls_gpu_completions++ % CI_GPU_SAMPLE != 0) {
-        op->t_complete = 0;
-        op->flags |= CI_FLAG_COMPLETE_FROM_GPU;
-    } else {
-        op->t_complete = ci_ticks();
-    }
-    ci_runtime* rt = ci_rt;
+/* Tells the writer that this thread closed `op` (its channel side, or its last part). */
+static inline void notify_writer(ci_runtime* rt, ci_op* op) {
+    uint32_t entry = ci_done_entry(op, atomic_load_explicit(&op->gen, memory_order_relaxed));
     if (__builtin_expect(tls_ring_gen != rt->generation, 0)) ring_claim(rt);
-    if (__builtin_expect(tls_ring != NULL, 1)) {
-        /* the completing thread's own ring: no locked operation */
-        ci_done_ring_push(tls_ring, op->index, rt->pool.ring_mask);
+    if (__builtin_expect(tls_ring != NULL, 1) && ci_done_ring_push(tls_ring, tls_ring_pos, rt->pool.ring_mask, entry)) {
+        tls_ring_pos++;
         return;
     }
-    /* more completing threads than rings: the shard list (one CAS; intrusive, so never full) */
-    ci_pool_complete(&rt->pool, my_shard(), op);
+    ci_pool_push_shared(&rt->pool, entry); /* no ring of its own (or it is full): one fetch_add */
 }
 
-/* `closing_tick`: the tick the caller just read for this event (the enqueue's stop), 0 for a child. */
-static inline void op_release(ci_op* op, uint64_t closing_tick) {
-    /* acq_rel: the last part to close sees every other part's writes (t_stop, GPU times). Closing the
-       last part decides completion on its own: exactly one thread sees the count reach zero, and
-       CI_REFS_DONE (set by finalize when it abandons the op first) vetoes it */
+/* The closing thread's completion time: `closing_tick` when it just read one, else from the GPU or the host. */
+static inline void close_time(ci_op* op, uint64_t closing_tick) {
+    if (closing_tick == 0 && atomic_load_explicit(&op->gpu_end, memory_order_relaxed) != 0 &&
+        tls_gpu_completions++ % CI_GPU_SAMPLE != 0)
+        atomic_store_explicit(&op->from_gpu, 1, memory_order_relaxed);
+    else
+        atomic_store_explicit(&op->t_complete, closing_tick != 0 ? closing_tick : ci_ticks(), memory_order_relaxed);
+}
+
+/* Ops without announced channels: `closing_tick`, the tick the caller just read (the enqueue's stop), 0 for a child. */
+static inline void refs_release(ci_runtime* rt, ci_op* op, uint64_t closing_tick) {
+    /* acq_rel: the last part to close sees every other part's writes (t_stop, GPU times). Exactly one thread
+       sees the count reach zero, and CI_REFS_DONE (set by finalize when it abandons the op first) vetoes it */
     uint64_t old = atomic_fetch_sub_explicit(&op->refs, 1, memory_order_acq_rel);
-    if ((uint32_t)old == 1 && !(old & CI_REFS_DONE)) op_complete(op, closing_tick);
+    if ((uint32_t)old == 1 && !(old & CI_REFS_DONE)) {
+        close_time(op, closing_tick);
+        notify_writer(rt, op);
+    }
 }
 
 static inline void* child_start(const void* parent, uintptr_t tag, uint64_t ptimer) {
-    ci_op* op = as_op(ci_rt, parent);
+    ci_runtime* rt = ci_rt;
+    uintptr_t v = (uintptr_t)parent;
+    if ((v & (TAG_MASK | API_MASK)) != 0) return NULL; /* only an op's own handle is a parent */
+    ci_op* op = handle_op(rt, v);
     if (op == NULL || atomic_load_explicit(&op->state, memory_order_acquire) != CI_SLOT_INFLIGHT) return NULL;
-    if (tag == TAG_KCH) {
-        uint16_t k = atomic_load_explicit(&op->kch_started, memory_order_relaxed);
-        if (k < op->n_channels) {
-            /* an announced channel: op start reserved its open part, so the op cannot complete before this
-               child stops and nothing shared needs a locked update */
-            atomic_store_explicit(&op->kch_started, (uint16_t)(k + 1), memory_order_relaxed);
-            goto started;
-        }
+    if (__builtin_expect(op->n_channels != 0, 1)) {
+        /* the channel side already closed (a child NCCL did not announce, arriving late): ignore it */
+        if (atomic_load_explicit(&op->c_closed, memory_order_relaxed)) return NULL;
+    } else {
+        uint64_t old = atomic_load_explicit(&op->refs, memory_order_relaxed);
+        do {
+            /* completed or abandoned already: ignore it */
+            if ((uint32_t)old == 0 || (old & CI_REFS_DONE)) return NULL;
+        } while (!atomic_compare_exchange_weak_explicit(&op->refs, &old, old + 1, memory_order_acq_rel,
+                                                        memory_order_relaxed));
     }
-    uint64_t old = atomic_load_explicit(&op->refs, memory_order_relaxed), add;
-    do {
-        /* completed or abandoned already (a child NCCL did not announce, arriving late): ignore it */
-        if ((uint32_t)old == 0 || (old & CI_REFS_DONE)) return NULL;
-        /* a child nothing reserved a part for: it adds one */
-        add = (tag == TAG_KCH ? CI_REFS_KCH : CI_REFS_PROXY) + 1;
-    } while (!atomic_compare_exchange_weak_explicit(&op->refs, &old, old + add, memory_order_acq_rel,
-                                                    memory_order_relaxed));
-started:
-    /* min without a locked CAS: one proxy thread reports an op's channels; if two ever raced, the value
-       kept is still a real channel's start, and nothing else depends on it */
-    if (tag == TAG_KCH && ptimer != 0 && ptimer < atomic_load_explicit(&op->gpu_start, memory_order_relaxed))
-        atomic_store_explicit(&op->gpu_start, ptimer, memory_order_relaxed);
-    return (void*)((uintptr_t)op | tag);
+    /* counters only this (the reporting) thread writes: a relaxed load and store, no locked operation */
+    atomic_store_explicit(&op->children_started,
+                          (uint16_t)(atomic_load_explicit(&op->children_started, memory_order_relaxed) + 1),
+                          memory_order_relaxed);
+    if (tag == TAG_KCH) {
+        atomic_store_explicit(&op->kch_started,
+                              (uint16_t)(atomic_load_explicit(&op->kch_started, memory_order_relaxed) + 1),
+                              memory_order_relaxed);
+        if (ptimer != 0 && ptimer < atomic_load_explicit(&op->gpu_start, memory_order_relaxed))
+            atomic_store_explicit(&op->gpu_start, ptimer, memory_order_relaxed);
+    }
+    return (void*)(v | tag);
 }
 
 static inline void* api_handle(const void* stream) {
@@ -266,15 +298,34 @@ static inline void* api_handle(const void* stream) {
 
 static ncclResult_t ci_stop(void* handle) {
     uintptr_t v = (uintptr_t)handle;
-    if (v == 0 || (v & API_MASK) == API_TAG || ci_rt == NULL) return 0;
-    ci_op* op = as_op(ci_rt, (void*)(v & ~TAG_MASK));
+    ci_runtime* rt = ci_rt;
+    if (v == 0 || (v & API_MASK) == API_TAG || rt == NULL) return 0;
+    ci_op* op = handle_op(rt, v);
     if (op == NULL) return 0;
-    uint64_t t = 0;
     if ((v & TAG_MASK) == 0) {
-        t = ci_ticks();
-        atomic_store_explicit(&op->t_stop, t, memory_order_relaxed);
+        /* the enqueue ended: its tick is all it writes (release: the writer that sees it sees the op) */
+        uint64_t t = ci_ticks();
+        if (__builtin_expect(op->n_channels != 0, 1)) {
+            atomic_store_explicit(&op->t_stop, t, memory_order_release);
+        } else {
+            atomic_store_explicit(&op->t_stop, t, memory_order_relaxed);
+            refs_release(rt, op, t);
+        }
+        return 0;
     }
-    op_release(op, t);
+    uint16_t stopped = (uint16_t)(atomic_load_explicit(&op->children_stopped, memory_order_relaxed) + 1);
+    atomic_store_explicit(&op->children_stopped, stopped, memory_order_relaxed);
+    if (__builtin_expect(op->n_channels == 0, 0)) {
+        refs_release(rt, op, 0);
+        return 0;
+    }
+    /* the channel side closes when every announced channel started and every child that started stopped */
+    if (stopped == atomic_load_explicit(&op->children_started, memory_order_relaxed) &&
+        atomic_load_explicit(&op->kch_started, memory_order_relaxed) >= op->n_channels) {
+        atomic_store_explicit(&op->c_closed, 1, memory_order_relaxed);
+        close_time(op, 0);
+        notify_writer(rt, op);
+    }
     return 0;
 }
 
@@ -283,10 +334,10 @@ static ncclResult_t ci_record_state(void* handle, int state, const ncclProfilerE
     if ((v & TAG_MASK) != TAG_KCH || (v & API_MASK) == API_TAG || state != ncclProfilerKernelChStop || args == NULL ||
         ci_rt == NULL)
         return 0;
-    ci_op* op = as_op(ci_rt, (void*)(v & ~TAG_MASK));
+    ci_op* op = handle_op(ci_rt, v);
     if (op == NULL) return 0;
     uint64_t t = args->kernelCh.pTimer;
-    /* max without a locked CAS, for the same reason as the min in child_start */
+    /* max without a locked CAS: only the reporting thread writes it */
     if (t > atomic_load_explicit(&op->gpu_end, memory_order_relaxed))
         atomic_store_explicit(&op->gpu_end, t, memory_order_relaxed);
     return 0;

@@ -10,14 +10,12 @@
  * returns each slot to its home shard as one chain per shard per cycle (one
  * CAS), so it rarely contends with producers on the stack heads.
  *
- * A completed slot goes onto its completing thread's completion ring
- * (ci_done_ring: single producer, single consumer, a plain and a release
- * store; CI_DONE_RINGS threads at once have one), else onto its shard list (an
- * intrusive push-only stack through the slot's own `link`, which lies on a
- * line the producer already owns): one CAS, no separate cell to fetch. The
- * writer takes a whole list with one exchange and reverses it, so records
- * keep completion order per shard. A push-only stack emptied by exchange
- * has no ABA problem, and it can never be full.
+ * Completion: the thread that closes an op's channel side tells the writer
+ * with one entry on its own completion ring (ci_done_ring: no shared head,
+ * the producer checks and fills the entry it writes anyway, the writer
+ * zeroes what it takes), so no locked operation; threads without a ring
+ * share one more ring through a fetch_add. The writer, not the event path,
+ * decides that an op is complete (plugin.c).
  *
  * Cross-core cost: the writer reads a completed slot's lines, and LIFO hands
  * that slot to a producer again soon after. So when a producer pops a slot
@@ -63,16 +61,25 @@ int ci_pool_init(ci_pool* p, uint32_t size) {
     p->per_shard = size / CI_SHARDS;
     p->ring_mask = 1;
     while (p->ring_mask < size) p->ring_mask <<= 1;
-    p->ring_mask -= 1; /* capacity: the pool's size rounded up to a power of two */
-    for (int r = 0; r < CI_DONE_RINGS; r++) {
-        /* a ring that cannot be allocated stays "taken": its threads use the shard lists */
+    p->ring_mask -= 1; /* capacity: the pool's size, rounded up to a power of two */
+    for (int r = 0; r <= CI_DONE_RINGS; r++) {
+        /* a ring that cannot be allocated stays "taken": its threads use the shared one */
         p->rings[r].slots = malloc(((size_t)p->ring_mask + 1) * sizeof(uint32_t));
-        atomic_init(&p->rings[r].head, 0);
+        /* empty entries, and every page touched now rather than by the event path's first lap */
+        if (p->rings[r].slots != NULL) memset((void*)p->rings[r].slots, 0, ((size_t)p->ring_mask + 1) * sizeof(uint32_t));
+        p->rings[r].tail = 0;
+        atomic_init(&p->rings[r].next, 0);
         atomic_init(&p->rings[r].state, p->rings[r].slots != NULL ? 0u : 1u);
     }
+    p->waiting = malloc((size_t)size * sizeof(uint32_t));
+    p->drained = malloc((size_t)size * sizeof(uint32_t));
+    if (p->rings[CI_DONE_RINGS].slots == NULL || p->waiting == NULL || p->drained == NULL) {
+        ci_pool_free(p);
+        return -1;
+    }
+    atomic_store_explicit(&p->rings[CI_DONE_RINGS].state, 1u, memory_order_relaxed); /* shared: never claimed */
     for (int s = 0; s < CI_SHARDS; s++) {
         atomic_init(&p->lists[s].free_head, 0);
-        atomic_init(&p->lists[s].done_head, 0);
         /* pushed high to low so the first pops walk the block in address order */
         for (uint32_t i = p->per_shard; i-- > 0;) {
             uint32_t idx = (uint32_t)s * p->per_shard + i;
@@ -84,7 +91,11 @@ int ci_pool_init(ci_pool* p, uint32_t size) {
 }
 
 void ci_pool_free(ci_pool* p) {
-    for (int r = 0; r < CI_DONE_RINGS; r++) {
+    free(p->waiting);
+    free(p->drained);
+    p->waiting = NULL;
+    p->drained = NULL;
+    for (int r = 0; r <= CI_DONE_RINGS; r++) {
         free(p->rings[r].slots);
         p->rings[r].slots = NULL;
     }
@@ -131,20 +142,10 @@ void ci_pool_prefetch(const ci_pool* p, uint32_t idx) {
     prefetch_for_write(n + 2 * CI_CACHELINE);
 }
 
-void ci_pool_complete(ci_pool* p, unsigned shard, ci_op* op) {
-    _Atomic uint32_t* head = &p->lists[shard].done_head;
-    uint32_t old = atomic_load_explicit(head, memory_order_relaxed);
-    do {
-        atomic_store_explicit(&op->link, old, memory_order_relaxed);
-        /* release: the slot's fields (and its link) are visible to the writer that takes the list */
-    } while (!atomic_compare_exchange_weak_explicit(head, &old, op->index + 1, memory_order_release,
-                                                    memory_order_relaxed));
-}
-
 ci_done_ring* ci_pool_ring_claim(ci_pool* p) {
     for (int r = 0; r < CI_DONE_RINGS; r++) {
         uint32_t free_state = 0;
-        /* acquire: the previous owner's entries and the writer's drain of them come before our pushes */
+        /* acquire: the writer's drain of the previous owner's entries (all zero again) comes before our pushes */
         if (atomic_compare_exchange_strong_explicit(&p->rings[r].state, &free_state, 1, memory_order_acquire,
                                                     memory_order_relaxed))
             return &p->rings[r];
@@ -153,45 +154,39 @@ ci_done_ring* ci_pool_ring_claim(ci_pool* p) {
 }
 
 void ci_pool_ring_leave(ci_done_ring* r) {
-    /* release: every push of this thread is visible to the writer that sees the ring left */
+    /* release: every entry this thread wrote is visible to the writer that sees the ring left */
     atomic_store_explicit(&r->state, 2, memory_order_release);
 }
 
-ci_op* ci_pool_take_ring(ci_pool* p, unsigned ring) {
-    ci_done_ring* r = &p->rings[ring];
-    /* state before head (both acquire): a ring seen left holds every entry its thread will ever push */
-    uint32_t state = atomic_load_explicit(&r->state, memory_order_acquire);
-    if (state == 0 || r->slots == NULL) return NULL;
-    uint32_t head = atomic_load_explicit(&r->head, memory_order_acquire);
-    uint32_t mask = p->ring_mask, first = 0, last = 0;
-    /* chain the entries through their slots' links, oldest first, as the shard lists are handed over */
-    for (; r->tail != head; r->tail++) {
-        uint32_t idx = r->slots[r->tail & mask];
-        atomic_store_explicit(&p->ops[idx].link, 0, memory_order_relaxed);
-        if (last != 0) atomic_store_explicit(&p->ops[last - 1].link, idx + 1, memory_order_relaxed);
-        else first = idx + 1;
-        last = idx + 1;
-    }
-    /* release: a thread that claims the freed ring finds it drained */
-    if (state == 2) atomic_store_explicit(&r->state, 0, memory_order_release);
-    return first != 0 ? &p->ops[first - 1] : NULL;
+void ci_pool_push_shared(ci_pool* p, uint32_t entry) {
+    ci_done_ring* r = &p->rings[CI_DONE_RINGS];
+    uint64_t pos = atomic_fetch_add_explicit(&r->next, 1, memory_order_relaxed);
+    _Atomic uint32_t* e = &r->slots[pos & p->ring_mask];
+    uint32_t empty = 0;
+    /* a CAS, not a store: a position a lap ahead of a stalled producer must not overwrite its entry */
+    if (!atomic_compare_exchange_strong_explicit(e, &empty, entry, memory_order_release, memory_order_relaxed))
+        atomic_fetch_add_explicit(&p->lost_closes, 1, memory_order_relaxed);
 }
 
-ci_op* ci_pool_take_done(ci_pool* p, unsigned shard) {
-    /* relaxed peek first: an empty list costs the writer no write to a line producers use */
-    if (atomic_load_explicit(&p->lists[shard].done_head, memory_order_relaxed) == 0) return NULL;
-    /* acquire: synchronises with every push in the list (each is a release RMW on this word) */
-    uint32_t top = atomic_exchange_explicit(&p->lists[shard].done_head, 0, memory_order_acquire);
-    /* reverse: pushes stacked newest first; records go out oldest first */
-    uint32_t prev = 0;
-    while (top != 0) {
-        ci_op* op = &p->ops[top - 1];
-        uint32_t next = atomic_load_explicit(&op->link, memory_order_relaxed);
-        atomic_store_explicit(&op->link, prev, memory_order_relaxed);
-        prev = top;
-        top = next;
+void ci_pool_drain_ring(ci_pool* p, unsigned ring, void (*fn)(void* arg, uint32_t entry), void* arg) {
+    ci_done_ring* r = &p->rings[ring];
+    /* state before entries (acquire): a ring seen left holds every entry its thread will ever write */
+    uint32_t state = atomic_load_explicit(&r->state, memory_order_acquire);
+    if (state == 0 || r->slots == NULL) return;
+    for (;;) {
+        _Atomic uint32_t* e = &r->slots[r->tail & p->ring_mask];
+        /* acquire: pairs with the producer's release, so the op's fields it wrote are visible */
+        uint32_t v = atomic_load_explicit(e, memory_order_acquire);
+        if (v == 0) break;
+        atomic_store_explicit(e, 0, memory_order_relaxed);
+        r->tail++;
+        fn(arg, v);
     }
-    return prev != 0 ? &p->ops[prev - 1] : NULL;
+    if (state == 2) {
+        /* every entry is zero again: the next owner starts at position 0, as does the writer */
+        r->tail = 0;
+        atomic_store_explicit(&r->state, 0, memory_order_release);
+    }
 }
 
 void ci_pool_release(ci_pool* p, ci_op* op) {

@@ -2,9 +2,11 @@
  * writer.c - the background writer: drains completed operations into the
  * shared-memory ring and the raw-log segments.
  *
- * The hot path only pushes completed slots onto per-shard lists; this thread
- * (started at the first init, joined at the last finalize) wakes every
- * writer_interval_ms, converts each completed slot into a sealed
+ * The event path only tells this thread which ops closed their channel side
+ * (completion rings, pool.c); this thread (started at the first init, joined
+ * at the last finalize) wakes every writer_interval_ms, decides which of
+ * those ops are complete (their enqueue's stopEvent came too; the others
+ * wait on a private list), converts each completed slot into a sealed
  * ci_op_record (tick -> CLOCK_REALTIME ns, checksum), hands it to the sinks,
  * frees the slot and runs the hang scan. out_lock serialises it with
  * finalize, which drains and abandons a communicator's operations itself.
@@ -43,8 +45,9 @@ static uint32_t fnv_words(const ci_op_record* r) {
 /* One (host completion - GPU end) sample from an op whose completion was read on the host. */
 static void gpu_offset_sample(ci_runtime* rt, const ci_op* op) {
     uint64_t ge = atomic_load_explicit(&op->gpu_end, memory_order_relaxed);
-    if (ge == 0 || op->t_complete == 0 || (op->flags & CI_FLAG_COMPLETE_FROM_GPU)) return;
-    int64_t d = (int64_t)(ci_clock_to_ns(&rt->clock, op->t_complete) - ge);
+    uint64_t tc = atomic_load_explicit(&op->t_complete, memory_order_relaxed);
+    if (ge == 0 || tc == 0 || atomic_load_explicit(&op->from_gpu, memory_order_relaxed)) return;
+    int64_t d = (int64_t)(ci_clock_to_ns(&rt->clock, tc) - ge);
     if (rt->gpu_offset_cur_n++ == 0 || d < rt->gpu_offset_cur) rt->gpu_offset_cur = d;
 }
 
@@ -58,7 +61,12 @@ static void gpu_offset_rotate(ci_runtime* rt, uint64_t now_ns) {
 }
 
 static uint64_t complete_ns(ci_runtime* rt, const ci_op* op, ci_op_record* r) {
-    if (!(op->flags & CI_FLAG_COMPLETE_FROM_GPU)) return ci_clock_to_ns(&rt->clock, op->t_complete);
+    if (!(r->flags & CI_FLAG_COMPLETE_FROM_GPU)) {
+        /* the later of the two sides' closes: the enqueue's stop may come after the last channel's */
+        uint64_t tc = atomic_load_explicit(&op->t_complete, memory_order_relaxed);
+        uint64_t ts = atomic_load_explicit(&op->t_stop, memory_order_relaxed);
+        return ci_clock_to_ns(&rt->clock, (int64_t)(ts - tc) > 0 ? ts : tc);
+    }
     int64_t off;
     if (rt->gpu_offset_cur_n && rt->gpu_offset_prev_n)
         off = rt->gpu_offset_cur < rt->gpu_offset_prev ? rt->gpu_offset_cur : rt->gpu_offset_prev;
@@ -77,18 +85,24 @@ static uint64_t complete_ns(ci_runtime* rt, const ci_op* op, ci_op_record* r) {
 static void fill_record(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op_record* r) {
     memset(r, 0, sizeof(*r));
     const ci_comm* c = op->comm;
-    uint64_t refs = atomic_load_explicit(&op->refs, memory_order_acquire);
-    uint32_t kch = (uint32_t)((refs >> 32) & 0xffff) + atomic_load_explicit(&op->kch_started, memory_order_relaxed);
+    uint32_t kch = atomic_load_explicit(&op->kch_started, memory_order_relaxed);
     r->magic = CI_RECORD_MAGIC;
     r->kind = op->kind;
     r->state = state;
     r->n_channels = (uint8_t)(kch ? (kch > 255 ? 255 : kch) : op->n_channels);
     r->flags = op->flags;
+    if (atomic_load_explicit(&op->from_gpu, memory_order_relaxed)) r->flags |= CI_FLAG_COMPLETE_FROM_GPU;
+    /* up to the NUL or the field's end only (the slot's fields may hold bytes past the name, see ci_op), and
+       the record (memset above) carries zeros after it, so equal operations give equal bytes */
+    ci_copy_str(r->func, sizeof(r->func), op->func);
+    ci_copy_str(r->dtype, sizeof(r->dtype), op->dtype);
+    ci_copy_str(r->algo, sizeof(r->algo), op->algo);
+    ci_copy_str(r->proto, sizeof(r->proto), op->proto);
     r->rank = c->rank;
     r->nranks = c->nranks;
     r->nnodes = c->nnodes;
     /* NCCL passes root 0 to unrooted collectives: only Broadcast/Reduce keep it */
-    r->peer = (op->kind == CI_KIND_COLL && strcmp(op->func, "Broadcast") != 0 && strcmp(op->func, "Reduce") != 0)
+    r->peer = (op->kind == CI_KIND_COLL && strcmp(r->func, "Broadcast") != 0 && strcmp(r->func, "Reduce") != 0)
                   ? -1
                   : op->peer;
     r->pid = rt->pid;
@@ -97,7 +111,7 @@ static void fill_record(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op_re
     r->comm_hash = c->comm_hash;
     r->seq = op->seq;
     r->count = op->count;
-    r->bytes = op->count * ci_dtype_size(op->dtype);
+    r->bytes = op->count * ci_dtype_size(r->dtype);
     r->stream = op->stream;
     r->enqueue_start_ns = ci_clock_to_ns(&rt->clock, atomic_load_explicit(&op->t_start, memory_order_relaxed));
     r->enqueue_end_ns = ci_clock_to_ns(&rt->clock, atomic_load_explicit(&op->t_stop, memory_order_relaxed));
@@ -108,12 +122,6 @@ static void fill_record(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op_re
     r->complete_ns = state == CI_STATE_COMPLETED ? complete_ns(rt, op, r) : 0;
     if (r->gpu_start_ns != 0 && r->gpu_end_ns != 0) r->flags |= CI_FLAG_GPU_TIMES;
     r->record_seq = rt->record_seq++;
-    /* up to the NUL only: the slot's arrays keep bytes of earlier operations past it, and the record
-       (memset above) must carry zeros there so equal operations give equal bytes */
-    ci_copy_str(r->func, sizeof(r->func), op->func);
-    ci_copy_str(r->dtype, sizeof(r->dtype), op->dtype);
-    ci_copy_str(r->algo, sizeof(r->algo), op->algo);
-    ci_copy_str(r->proto, sizeof(r->proto), op->proto);
     ci_copy_str(r->comm_name, sizeof(r->comm_name), c->name);
     r->checksum = fnv_words(r);
 }
@@ -121,7 +129,7 @@ static void fill_record(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op_re
 static uint64_t total_lost(ci_runtime* rt) {
     uint64_t lost = rt->seg.lost;
     for (int s = 0; s < CI_SHARDS; s++) lost += atomic_load_explicit(&rt->shards[s].lost, memory_order_relaxed);
-    return lost;
+    return lost + atomic_load_explicit(&rt->pool.lost_closes, memory_order_relaxed);
 }
 
 void ci_writer_flush_locked(ci_runtime* rt) {
@@ -144,30 +152,64 @@ void ci_writer_emit_locked(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op
     if (++rt->batch_n == sizeof(rt->batch) / sizeof(rt->batch[0])) ci_writer_flush_locked(rt);
 }
 
+/* Completed ops of one drain, in the order they completed (writer side only). */
+typedef struct drain_batch {
+    ci_runtime* rt;
+    uint32_t* done; /* index + 1, at most the pool's size (each a distinct in-flight op) */
+    uint32_t n;
+} drain_batch;
+
+static int entry_live(const ci_pool* p, uint32_t entry, ci_op** out) {
+    uint32_t idx = ci_entry_index(entry);
+    if (idx >= p->size) return 0;
+    ci_op* op = &p->ops[idx];
+    /* acquire: pairs with op start's release; an entry of an earlier op of the slot (taken out of flight by
+       finalize, then reused) names another generation and is stale */
+    if (atomic_load_explicit(&op->state, memory_order_acquire) != CI_SLOT_INFLIGHT ||
+        !ci_entry_gen_matches(entry, atomic_load_explicit(&op->gen, memory_order_relaxed)))
+        return 0;
+    *out = op;
+    return 1;
+}
+
+static void take_done(drain_batch* b, ci_op* op) {
+    atomic_store_explicit(&op->state, CI_SLOT_DONE, memory_order_relaxed);
+    b->done[b->n++] = op->index + 1;
+}
+
+/* One completion-ring entry: the op's channel side closed (or, without announced channels, its last part). */
+static void on_entry(void* arg, uint32_t entry) {
+    drain_batch* b = arg;
+    ci_pool* p = &b->rt->pool;
+    ci_op* op;
+    if (!entry_live(p, entry, &op)) return;
+    /* acquire: pairs with the enqueue's release store of its stop tick */
+    if (op->n_channels == 0 || atomic_load_explicit(&op->t_stop, memory_order_acquire) != 0) take_done(b, op);
+    else p->waiting[p->n_waiting++] = entry; /* the kernel finished before the enqueue's stopEvent came */
+}
+
 static void drain_locked(ci_runtime* rt) {
-    /* the shards' completion lists, then the threads' completion rings, each oldest first via `link` */
-    ci_op* done[CI_SHARDS + CI_DONE_RINGS];
+    ci_pool* p = &rt->pool;
+    drain_batch b = {rt, p->drained, 0};
+    /* ops that were waiting for their enqueue's stopEvent first, so records keep completion order */
+    uint32_t keep = 0;
+    for (uint32_t i = 0; i < p->n_waiting; i++) {
+        ci_op* op;
+        if (!entry_live(p, p->waiting[i], &op)) continue;
+        if (atomic_load_explicit(&op->t_stop, memory_order_acquire) != 0) take_done(&b, op);
+        else p->waiting[keep++] = p->waiting[i];
+    }
+    p->n_waiting = keep;
+    for (unsigned r = 0; r <= CI_DONE_RINGS; r++) ci_pool_drain_ring(p, r, on_entry, &b);
     /* first pass: the GPU -> host offset samples of everything completed, before any op is converted */
-    for (unsigned s = 0; s < CI_SHARDS + CI_DONE_RINGS; s++) {
-        done[s] = s < CI_SHARDS ? ci_pool_take_done(&rt->pool, s) : ci_pool_take_ring(&rt->pool, s - CI_SHARDS);
-        for (ci_op* op = done[s]; op != NULL;) {
-            gpu_offset_sample(rt, op);
-            uint32_t next = atomic_load_explicit(&op->link, memory_order_relaxed);
-            op = next != 0 ? &rt->pool.ops[next - 1] : NULL;
-        }
-    }
+    for (uint32_t i = 0; i < b.n; i++) gpu_offset_sample(rt, &p->ops[b.done[i] - 1]);
     gpu_offset_rotate(rt, ci_realtime_ns());
-    for (unsigned s = 0; s < CI_SHARDS + CI_DONE_RINGS; s++) {
-        ci_op* op = done[s];
-        while (op != NULL) {
-            /* read the link before the release below reuses it for the free chain */
-            uint32_t next = atomic_load_explicit(&op->link, memory_order_relaxed);
-            ci_writer_emit_locked(rt, op, CI_STATE_COMPLETED, NULL);
-            ci_pool_release(&rt->pool, op);
-            op = next != 0 ? &rt->pool.ops[next - 1] : NULL;
-        }
+    for (uint32_t i = 0; i < b.n; i++) {
+        ci_op* op = &p->ops[b.done[i] - 1];
+        ci_writer_emit_locked(rt, op, CI_STATE_COMPLETED, NULL);
+        ci_pool_release(p, op);
     }
-    ci_pool_flush_frees(&rt->pool);
+    ci_pool_flush_frees(p);
     ci_writer_flush_locked(rt);
 }
 

@@ -154,6 +154,9 @@ static void* coll_op(void* ctx, uint64_t seq, int nch, int complete) {
     return h;
 }
 
+/* The slot behind an op's handle (handles carry the op's generation in their low bits). */
+static ci_op* slot_of(void* handle) { return (ci_op*)((uintptr_t)handle & ~(uintptr_t)(sizeof(ci_op) - 1)); }
+
 static void* init5(const char* name, int nranks, int rank) {
     void* ctx = NULL;
     int mask = 0;
@@ -401,7 +404,7 @@ static void test_agent_requests_seal_and_inflight_reports(void) {
     fresh_home("requests");
     void* ctx = init5("req", 2, 0);
     coll_op(ctx, 1, 1, 1);
-    ci_op* stuck = coll_op(ctx, 2, 1, 0);
+    ci_op* stuck = slot_of(coll_op(ctx, 2, 1, 0));
     pthread_mutex_lock(&ci_rt->out_lock);
     ci_ring_header* h = ci_rt->ring.hdr;
     __atomic_store_n(&h->seal_request, 1, __ATOMIC_RELAXED);
@@ -435,8 +438,8 @@ static void test_agent_requests_seal_and_inflight_reports(void) {
 static void test_hang_scan_ages_are_signed(void) {
     fresh_home("scanage");
     void* ctx = init5("scan", 2, 0);
-    ci_op* young = coll_op(ctx, 1, 1, 0);
-    ci_op* old = coll_op(ctx, 2, 1, 0);
+    ci_op* young = slot_of(coll_op(ctx, 1, 1, 0));
+    ci_op* old = slot_of(coll_op(ctx, 2, 1, 0));
     pthread_mutex_lock(&ci_rt->out_lock);
     uint64_t now = ci_ticks();
     double per_s = 1e9 / ci_rt->clock.ns_per_tick;
@@ -468,6 +471,81 @@ static void test_late_unannounced_child_is_ignored(void) {
     tally t = read_logs();
     CHECK(t.valid == 1 && t.by_state[CI_STATE_COMPLETED] == 1, "records %ld", t.valid);
     printf("ok   late unannounced child is ignored\n");
+}
+
+/* The kernel can finish (its channels stop, on the proxy thread) before the enqueuing thread's stopEvent: the
+   op completes when that stop comes, at that stop's time, not before and not never. */
+static void test_channels_closing_before_the_enqueue_stop_wait_for_it(void) {
+    fresh_home("stoplast");
+    void* ctx = init5("stoplast", 2, 0);
+    ncclProfilerEventDescr_v5_t d;
+    memset(&d, 0, sizeof(d));
+    d.type = ncclProfileColl;
+    d.coll.func = "AllReduce";
+    d.coll.datatype = "ncclFloat32";
+    d.coll.nChannels = 2;
+    void* h = NULL;
+    ncclProfiler_v5.startEvent(ctx, &h, &d);
+    for (int c = 0; c < 2; c++) {
+        ncclProfilerEventDescr_v5_t k;
+        memset(&k, 0, sizeof(k));
+        k.type = ncclProfileKernelCh;
+        k.parentObj = h;
+        k.kernelCh.pTimer = 1000;
+        void* kh = NULL;
+        ncclProfiler_v5.startEvent(ctx, &kh, &k);
+        ncclProfilerEventStateArgs_v5_t a = {.kernelCh = {2000}};
+        ncclProfiler_v5.recordEventState(kh, ncclProfilerKernelChStop, &a);
+        ncclProfiler_v5.stopEvent(kh);
+    }
+    /* a few writer cycles see the channel side closed and the enqueue still open */
+    for (int i = 0; i < 3; i++) {
+        pthread_mutex_lock(&ci_rt->out_lock);
+        ci_writer_cycle_locked(ci_rt);
+        pthread_mutex_unlock(&ci_rt->out_lock);
+    }
+    CHECK(atomic_load(&slot_of(h)->state) == CI_SLOT_INFLIGHT, "not complete before the enqueue's stop");
+    usleep(20000);
+    ncclProfiler_v5.stopEvent(h);
+    ncclProfiler_v5.finalize(ctx);
+    tally t = read_logs();
+    CHECK(t.valid == 1 && t.by_state[CI_STATE_COMPLETED] == 1 && t.gpu_times == 1 && t.complete_out_of_order == 0,
+          "records %ld completed %ld gpu %ld out of order %ld", t.valid, t.by_state[1], t.gpu_times,
+          t.complete_out_of_order);
+    printf("ok   channels that close before the enqueue's stop: completed at that stop\n");
+}
+
+/* A handle kept past its op (the slot now serves another op) must not touch the new op. */
+static void test_stale_handles_do_not_touch_the_next_op_of_the_slot(void) {
+    fresh_home("stale");
+    setenv("COMMINSIGHT_POOL_SIZE", "64", 1);
+    void* ctx = init5("stale", 2, 0);
+    void* first = coll_op(ctx, 1, 1, 1); /* completes */
+    ci_op* slot = slot_of(first);
+    /* let the writer free it, then use the pool until the slot serves a new op */
+    void* again = NULL;
+    for (int i = 0; i < 200 && again == NULL; i++) {
+        pthread_mutex_lock(&ci_rt->out_lock);
+        ci_writer_cycle_locked(ci_rt);
+        pthread_mutex_unlock(&ci_rt->out_lock);
+        void* h = coll_op(ctx, (uint64_t)(100 + i), 1, 0); /* enqueued, channel never reported */
+        if (h != NULL && slot_of(h) == slot) again = h;
+    }
+    CHECK(again != NULL && again != first, "the slot was reused with another handle");
+    ncclProfilerEventDescr_v5_t k;
+    memset(&k, 0, sizeof(k));
+    k.type = ncclProfileKernelCh;
+    k.parentObj = first;
+    void* kh = (void*)1;
+    ncclProfiler_v5.startEvent(ctx, &kh, &k);
+    CHECK(kh == NULL, "a child of a stale parent gets no handle");
+    CHECK(atomic_load(&slot->kch_started) == 0 && atomic_load(&slot->state) == CI_SLOT_INFLIGHT,
+          "the new op is untouched");
+    ncclProfiler_v5.finalize(ctx);
+    unsetenv("COMMINSIGHT_POOL_SIZE");
+    tally t = read_logs();
+    CHECK(t.by_state[CI_STATE_COMPLETED] == 1, "only the first op completed (%ld)", t.by_state[CI_STATE_COMPLETED]);
+    printf("ok   stale handles do not touch the slot's next op\n");
 }
 
 static void test_pool_exhaustion_drops_without_blocking(void) {
@@ -626,6 +704,8 @@ int main(void) {
     test_hang_scan_ages_are_signed();
     test_agent_requests_seal_and_inflight_reports();
     test_late_unannounced_child_is_ignored();
+    test_channels_closing_before_the_enqueue_stop_wait_for_it();
+    test_stale_handles_do_not_touch_the_next_op_of_the_slot();
     test_pool_exhaustion_drops_without_blocking();
     test_threads_that_come_and_go_do_not_drain_the_pool();
     test_more_completing_threads_than_rings_lose_nothing();
