@@ -5,7 +5,10 @@
 #      ROUNDS times (default 5), so both see the same neighbours;
 #   3. the 8-rank lab job's step time without and with the plugin, alternating ROUNDS times
 #      (scripts/gpu_lab.py), with its spread;
-#   4. make check (ASan+UBSan, TSan) on that machine.
+#   4. make check (ASan+UBSan, TSan) on that machine;
+#   with VARIANTS=1, between 2 and 3: the same benchmark under changed conditions, to see what the figure is
+#   made of: slots prefetched one operation ahead instead of CI_PREFETCH_AHEAD, the writer idle during the
+#   runs (it wakes every 10 s; 20 batches so the pool holds every operation), and the default pool size.
 # Every phase has its own timeout; results land in $OUT as each phase ends.
 #   OUT=/tmp/hp BEFORE_SRC=/path/to/old/native/profiler bash scripts/gpu_lab_hotpath.sh
 set -uo pipefail
@@ -41,6 +44,23 @@ for rep in $(seq 1 "$ROUNDS"); do
   echo "## after, round $rep"; timeout 30 "$P/profiler_hotpath" "$PLUGIN" "$P/libnccl-profiler-noop.so" | tail -5
 done | tee "$OUT/native.txt"
 "$P/profiler_hotpath" "$PLUGIN" "$P/libnccl-profiler-noop.so" 2>&1 | head -1 | tee -a "$OUT/native.txt"
+
+if [ "${VARIANTS:-0}" = 1 ]; then
+  phase "hot-path variants (what the figure is made of)"
+  (cd native/profiler && cc -std=c11 -D_GNU_SOURCE -O2 -fPIC -pthread -fvisibility=hidden -Iinclude -Isrc \
+    -DCI_PREFETCH_AHEAD=1 -shared -o build/variant-ahead1.so src/*.c)
+  NOOP="$P/libnccl-profiler-noop.so"
+  for rep in 1 2; do
+    echo "## after, round $rep"; timeout 30 "$P/profiler_hotpath" "$PLUGIN" "$NOOP" | tail -4
+    echo "## after, prefetch 1 ahead, round $rep"; timeout 30 "$P/profiler_hotpath" "$P/variant-ahead1.so" "$NOOP" | tail -4
+    echo "## after, writer idle, round $rep"
+    COMMINSIGHT_WRITER_INTERVAL_MS=10000 timeout 60 "$P/profiler_hotpath" "$PLUGIN" "$NOOP" 20 500 | tail -4
+    if [ -n "$BEFORE" ]; then echo "## before, writer idle, round $rep"
+      COMMINSIGHT_WRITER_INTERVAL_MS=10000 timeout 60 "$P/profiler_hotpath" "$BEFORE" "$NOOP" 20 500 | tail -4; fi
+    echo "## after, pool 16384 (default), round $rep"
+    COMMINSIGHT_POOL_SIZE=16384 timeout 30 "$P/profiler_hotpath" "$PLUGIN" "$NOOP" | tail -4
+  done | tee "$OUT/variants.txt"
+fi
 
 phase "step time without/with the plugin, $ROUNDS rounds"
 timeout "$LAB_TIMEOUT" python3 scripts/gpu_lab.py --plugin "$PLUGIN" --out "$OUT" --rounds "$ROUNDS" \

@@ -137,6 +137,15 @@ static inline void tls_register(const ci_runtime* rt) {
     }
 }
 
+/*
+ * How many operations ahead a slot's lines are prefetched for writing. A slot last touched by the writer
+ * (or by nobody for a while) comes back from another core's cache or from memory, which takes longer than
+ * one operation; a few operations of lead hide it. Tunable at build time for measurements.
+ */
+#ifndef CI_PREFETCH_AHEAD
+#define CI_PREFETCH_AHEAD 4
+#endif
+
 /* Refills this thread's cache; returns a slot, or NULL when the pool is empty. Off the common path. */
 static __attribute__((noinline)) ci_op* slot_refill(ci_runtime* rt, unsigned shard) {
     if (tls_gen != rt->generation) {
@@ -150,14 +159,16 @@ static __attribute__((noinline)) ci_op* slot_refill(ci_runtime* rt, unsigned sha
     /* the cache pops from its end: store reversed so slots are used in the order the stack gave them */
     for (uint32_t i = 1; i < n; i++) tls_slots[n - 1 - i] = got[i];
     tls_n = n - 1;
+    /* the next CI_PREFETCH_AHEAD slots now; slot_take keeps the same lead from here on */
+    for (uint32_t i = 1; i < n && i <= CI_PREFETCH_AHEAD; i++) ci_pool_prefetch(&rt->pool, got[i]);
     return &rt->pool.ops[got[0]];
 }
 
 static inline ci_op* slot_take(ci_runtime* rt, unsigned shard) {
     if (__builtin_expect(tls_n == 0 || tls_gen != rt->generation, 0)) return slot_refill(rt, shard);
     ci_op* op = &rt->pool.ops[tls_slots[--tls_n]];
-    /* the slot after this one comes back from the writer's cache while this operation runs */
-    if (tls_n != 0) ci_pool_prefetch(&rt->pool, tls_slots[tls_n - 1]);
+    /* the slot CI_PREFETCH_AHEAD operations from now comes back while these operations run */
+    if (tls_n >= CI_PREFETCH_AHEAD) ci_pool_prefetch(&rt->pool, tls_slots[tls_n - CI_PREFETCH_AHEAD]);
     return op;
 }
 
@@ -234,7 +245,8 @@ static inline void notify_writer(ci_runtime* rt, ci_op* op) {
     uint32_t entry = ci_done_entry(op, atomic_load_explicit(&op->gen, memory_order_relaxed));
     if (__builtin_expect(tls_ring_gen != rt->generation, 0)) ring_claim(rt);
     if (__builtin_expect(tls_ring != NULL, 1) && ci_done_ring_push(tls_ring, tls_ring_pos, rt->pool.ring_mask, entry)) {
-        tls_ring_pos++;
+        /* entering a new line of entries (16 a line): ask for the next one, which the writer last zeroed */
+        if ((++tls_ring_pos & 15) == 0) ci_prefetch_for_write(&tls_ring->slots[(tls_ring_pos + 16) & rt->pool.ring_mask]);
         return;
     }
     ci_pool_push_shared(&rt->pool, entry); /* no ring of its own (or it is full): one fetch_add */

@@ -29,16 +29,6 @@
 
 #include "ci_internal.h"
 
-/* Asks for the cache line holding `p` in exclusive state (a hint: never faults, never blocks). */
-static inline void prefetch_for_write(const void* p) {
-#if defined(__x86_64__)
-    /* PREFETCHW; executes as a NOP on x86 cores that lack it */
-    __asm__ volatile("prefetchw %0" : : "m"(*(const char*)p));
-#else
-    __builtin_prefetch(p, 1, 3);
-#endif
-}
-
 static void stack_push(ci_pool* p, ci_shard_lists* s, uint32_t idx) {
     uint64_t old = atomic_load_explicit(&s->free_head, memory_order_relaxed), next;
     do {
@@ -137,9 +127,9 @@ void ci_pool_give_back(ci_pool* p, uint32_t idx) {
 
 void ci_pool_prefetch(const ci_pool* p, uint32_t idx) {
     const char* n = (const char*)&p->ops[idx];
-    prefetch_for_write(n);
-    prefetch_for_write(n + CI_CACHELINE);
-    prefetch_for_write(n + 2 * CI_CACHELINE);
+    ci_prefetch_for_write(n);
+    ci_prefetch_for_write(n + CI_CACHELINE);
+    ci_prefetch_for_write(n + 2 * CI_CACHELINE);
 }
 
 ci_done_ring* ci_pool_ring_claim(ci_pool* p) {
