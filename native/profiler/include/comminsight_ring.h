@@ -115,7 +115,7 @@ typedef struct ci_ring_header {
     uint32_t writer_closed;  /* 1 once the writer detached cleanly */
     uint64_t writer_start_ns; /* identifies this writer incarnation */
     uint64_t dropped;        /* records dropped because the ring was full */
-    uint64_t lost;           /* records the plugin lost before the ring (queue full, pool empty) */
+    uint64_t lost;           /* records lost before the ring (pool empty, failed raw-log writes), plus completions that found every completion ring full */
     char     host[64];
     uint64_t seal_done;      /* producer: the last seal_request honoured */
     uint8_t  _pad0[64];      /* header block fills the first 192 bytes */

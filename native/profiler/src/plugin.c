@@ -138,12 +138,12 @@ static inline void tls_register(const ci_runtime* rt) {
 }
 
 /*
- * How many operations ahead a slot's lines are prefetched for writing. A slot last touched by the writer
- * (or by nobody for a while) comes back from another core's cache or from memory, which takes longer than
- * one operation; a few operations of lead hide it. Tunable at build time for measurements.
+ * How many operations ahead a slot's lines are prefetched for writing (a slot last touched by the writer, or
+ * by nobody for a while, comes back from another core's cache or from memory). Tunable at build time for
+ * measurements: 4 ahead was tried on the H200 host and was no better than 1 (docs/profiler.md).
  */
 #ifndef CI_PREFETCH_AHEAD
-#define CI_PREFETCH_AHEAD 4
+#define CI_PREFETCH_AHEAD 1
 #endif
 
 /* Refills this thread's cache; returns a slot, or NULL when the pool is empty. Off the common path. */
