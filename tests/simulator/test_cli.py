@@ -29,7 +29,7 @@ def test_simulate_run_writes_logs_and_says_where_the_ground_truth_is(plugin_so: 
     truth_path = home / "ground_truth.json"
     assert str(truth_path) in result.output
     truth = json.loads(truth_path.read_text())
-    assert truth["faults"][0] == {"rank": 1, "slow_pct": 50.0, "from_step": 1, "type": "straggler"}
+    assert truth["faults"][0] == {"rank": 1, "slow_pct": 50.0, "from_step": 1, "phase": "", "type": "straggler"}
     assert len(list((home / "inspector_logs").iterdir())) == 2
 
     again = runner.invoke(app, ["simulate", "run", "-o", str(home), "--plugin", str(plugin_so), "-n", "2"])
@@ -48,6 +48,8 @@ def test_simulate_run_writes_logs_and_says_where_the_ground_truth_is(plugin_so: 
         (["--env", "BAD KEY=1"], "KEY=VALUE"),
         (["--layout", "zero3"], "zero3"),
         (["--steps", "0"], "steps"),
+        (["--scenario", "late", "--stage", "1"], "needs the megatron layout"),
+        (["--scenario", "late", "--phase", "lunch"], "phase must be one of"),
     ],
 )
 def test_bad_options_fail_clearly_before_anything_starts(tmp_path: Path, args: list[str], message: str) -> None:

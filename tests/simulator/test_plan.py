@@ -10,6 +10,7 @@ from comminsight.simulator.plan import (
     Compute,
     Crash,
     Hang,
+    Late,
     Launch,
     Op,
     RankSchedule,
@@ -118,6 +119,37 @@ def test_a_straggler_slows_only_its_rank_and_only_from_its_step() -> None:
     assert totals[2] == pytest.approx([20.0, 20.0, 30.0, 30.0])
 
 
+def _phases(config: SimulationConfig, rank: int) -> list[list[tuple[str, float]]]:
+    plan = build_plan(config)
+    steps = plan.schedules[rank].steps
+    labels = [[a.label for a in actions if isinstance(a, Compute)] for actions in steps]
+    durations = compute_durations(config, rank, steps)
+    return [list(zip(names, d, strict=True)) for names, d in zip(labels, durations, strict=True)]
+
+
+def test_a_late_rank_starts_its_first_backward_phase_late_from_its_step() -> None:
+    config = SimulationConfig(ranks=4, steps=3, jitter=0.0, faults=(Late(1, 7.0, from_step=1),))
+    plain = _phases(SimulationConfig(ranks=4, steps=3, jitter=0.0), 1)
+    late = _phases(config, 1)
+
+    assert late[0] == plain[0]
+    for step in (1, 2):
+        extra = [b - a for (_, a), (_, b) in zip(plain[step], late[step], strict=True)]
+        first_backward = [label for label, _ in late[step]].index("backward")
+        assert extra[first_backward] == pytest.approx(7.0)
+        assert sum(extra) == pytest.approx(7.0)  # once per step, nothing else moves
+    assert _phases(config, 0) == _phases(SimulationConfig(ranks=4, steps=3, jitter=0.0), 0)
+
+
+def test_a_straggler_limited_to_backward_slows_only_backward_phases() -> None:
+    base = {"layout": "megatron", "ranks": 8, "tp": 2, "pp": 2, "layers": 1, "jitter": 0.0}
+    plain = _phases(SimulationConfig(**base), 5)
+    slow = _phases(SimulationConfig(**base, faults=(Straggler(5, 40.0, phase="backward"),)), 5)
+
+    for (label, a), (_, b) in zip(plain[0], slow[0], strict=True):
+        assert b == pytest.approx(a * 1.4 if label == "backward" else a)
+
+
 def test_jitter_is_reproducible_from_the_seed() -> None:
     config = SimulationConfig(ranks=2, jitter=0.2, seed=5)
     plan = build_plan(config)
@@ -146,7 +178,8 @@ def test_a_slow_link_slows_only_that_pairs_transfers() -> None:
 
 
 def test_configuration_round_trips_through_plain_data() -> None:
-    config = SimulationConfig(layout="fsdp", ranks=3, faults=(Straggler(1, 20, 1), Hang(0, 1, 2), SlowLink((0, 1))))
+    faults = (Straggler(1, 20, 1), Straggler(2, 10, 0, "backward"), Late(0, 5.0, 1, "forward"), Hang(0, 1, 2))
+    config = SimulationConfig(layout="fsdp", ranks=3, faults=(*faults, SlowLink((0, 1))))
 
     assert config_from_dict(config_to_dict(config)) == config
 
@@ -157,6 +190,7 @@ def test_configuration_round_trips_through_plain_data() -> None:
         ({"layout": "ddp", "bogus": 1}, "unknown configuration fields"),
         ({"faults": [{"type": "meteor", "rank": 0}]}, "unknown fault type"),
         ({"faults": [{"rank": 0}]}, "unknown fault type"),
+        ({"faults": [{"type": "late", "rank": 0, "delay_ms": 1.0, "phase": 3}]}, "phase must be a string"),
     ],
 )
 def test_hostile_configuration_data_is_rejected(data: dict, message: str) -> None:
@@ -179,6 +213,10 @@ def test_hostile_configuration_data_is_rejected(data: dict, message: str) -> Non
         ({"layout": "megatron", "ranks": 6, "tp": 4}, "does not equal"),
         ({"faults": (Straggler(9, 10),)}, "rank 9 is not in"),
         ({"faults": (Straggler(1, -5),)}, "slow percentage"),
+        ({"faults": (Straggler(1, 5, phase="lunch"),)}, "phase must be one of"),
+        ({"faults": (Late(1, 0.0),)}, "delay must be"),
+        ({"faults": (Late(1, 5.0, phase=""),)}, "phase must be one of"),
+        ({"faults": (Late(1, 5.0, from_step=9),)}, "from-step 9"),
         ({"faults": (Hang(1, 99),)}, "step 99"),
         ({"faults": (Hang(1, 1, 50),)}, "op index 50 is out of range"),
         ({"faults": (Crash(1, 1, exit_code=0),)}, "exit code"),

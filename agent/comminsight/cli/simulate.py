@@ -22,6 +22,7 @@ from comminsight.simulator.plan import (
     Crash,
     Fault,
     Hang,
+    Late,
     Launch,
     Pause,
     SimulationConfig,
@@ -47,6 +48,7 @@ class Scenario(str, Enum):
 
     none = "none"
     straggler = "straggler"
+    late = "late"
     hang = "hang"
     crash = "crash"
     slow_link = "slow-link"
@@ -77,13 +79,19 @@ def _fault(
     link: str,
     factor: float,
     pause_s: float = 0.0,
+    delay_ms: float = 0.0,
+    phase: str | None = None,
+    stage_ranks: list[int] | None = None,
 ) -> tuple[Fault, ...]:
     if scenario is Scenario.none:
         return ()
     if scenario is Scenario.pause:
         return (Pause(step, pause_s, op_index),)
+    ranks = stage_ranks if stage_ranks is not None else [rank]
     if scenario is Scenario.straggler:
-        return (Straggler(rank, slow_pct, from_step),)
+        return tuple(Straggler(r, slow_pct, from_step, phase or "") for r in ranks)
+    if scenario is Scenario.late:
+        return tuple(Late(r, delay_ms, from_step, phase or "backward") for r in ranks)
     if scenario is Scenario.hang:
         return (Hang(rank, step, op_index),)
     if scenario is Scenario.crash:
@@ -95,7 +103,21 @@ def _fault(
     return (SlowLink((first, second), factor),)
 
 
+def _stage_ranks(options: dict) -> list[int] | None:
+    """Global ranks of pipeline stage ``--stage`` (megatron: rank = tp_rank + tp * (dp_rank + dp * stage))."""
+    stage = options.pop("stage", -1)
+    if stage is None or stage < 0:  # type: ignore[operator]
+        return None
+    if options["layout"] is not Layout.megatron or stage >= options["pp"]:  # type: ignore[operator]
+        raise ValueError(f"--stage {stage} needs the megatron layout with more than {stage} pipeline stages")
+    tp, pp = options["tp"], options["pp"]
+    ranks = options["ranks"] or tp * pp * (options["dp"] or 1)  # type: ignore[operator]
+    per_stage = ranks // pp  # type: ignore[operator]
+    return list(range(stage * per_stage, (stage + 1) * per_stage))  # type: ignore[operator]
+
+
 def _config(**options: object) -> SimulationConfig:
+    stage_ranks = _stage_ranks(options)
     faults = _fault(
         options.pop("scenario"),  # type: ignore[arg-type]
         options.pop("rank"),  # type: ignore[arg-type]
@@ -106,6 +128,9 @@ def _config(**options: object) -> SimulationConfig:
         options.pop("link"),  # type: ignore[arg-type]
         options.pop("slow_factor"),  # type: ignore[arg-type]
         options.pop("pause_s", 0.0),  # type: ignore[arg-type]
+        options.pop("delay_ms", 0.0),  # type: ignore[arg-type]
+        options.pop("phase", None),  # type: ignore[arg-type]
+        stage_ranks,
     )
     layout: Layout = options.pop("layout")  # type: ignore[assignment]
     ranks = options.pop("ranks")
@@ -143,9 +168,16 @@ _MICRO = typer.Option(0, "--micro-batches", min=0, help="Megatron micro-batches 
 _ABI = typer.Option(Abi.v5, "--abi", help="Profiler ABI NCCL uses (v5: NCCL >= 2.28, v4: 2.27).")
 _NAMES = typer.Option(True, "--comm-names/--no-comm-names", help="Give communicators names (off: commName NULL).")
 _SCENARIO = typer.Option(Scenario.none, "--scenario", "-s", help="Fault to inject.")
-_RANK = typer.Option(0, "--rank", "-r", min=0, help="Faulty rank (straggler, hang, crash).")
+_RANK = typer.Option(0, "--rank", "-r", min=0, help="Faulty rank (straggler, late, hang, crash).")
+_STAGE = typer.Option(
+    -1, "--stage", help="Straggler/late: every rank of this pipeline stage instead of --rank (megatron)."
+)
+_DELAY = typer.Option(20.0, "--delay-ms", min=0.0, help="Late: milliseconds the rank is late every step.")
+_PHASE = typer.Option(
+    None, "--phase", help="Straggler/late: only this compute phase (forward, backward, optimizer); late: backward."
+)
 _SLOW_PCT = typer.Option(50.0, "--slow-pct", help="Straggler: percent slower compute.")
-_FROM_STEP = typer.Option(0, "--from-step", min=0, help="Straggler: first slow step.")
+_FROM_STEP = typer.Option(0, "--from-step", min=0, help="Straggler/late: first slow step.")
 _STEP = typer.Option(1, "--step", min=0, help="Hang/crash: step in which the rank stops.")
 _OP_INDEX = typer.Option(0, "--op-index", min=0, help="Hang/crash: launch index within that step it never issues.")
 _LINK = typer.Option("0,1", "--link", help="Slow link: the two global ranks, A,B.")
@@ -175,6 +207,9 @@ def run_command(
     scenario: Scenario = _SCENARIO,
     rank: int = _RANK,
     slow_pct: float = _SLOW_PCT,
+    stage: int = _STAGE,
+    delay_ms: float = _DELAY,
+    phase: str | None = _PHASE,
     from_step: int = _FROM_STEP,
     step: int = _STEP,
     op_index: int = _OP_INDEX,
@@ -201,7 +236,7 @@ def run_command(
             jitter=jitter, seed=seed, buckets=buckets, layers=layers, micro_batches=micro_batches, abi=abi,
             comm_names=comm_names, scenario=scenario, rank=rank, slow_pct=slow_pct, from_step=from_step, step=step,
             op_index=op_index, link=link, slow_factor=slow_factor, hang_timeout_s=hang_timeout, on_hang=on_hang,
-            pause_s=pause_s,
+            pause_s=pause_s, stage=stage, delay_ms=delay_ms, phase=phase,
         )  # fmt: skip
         build_plan(config)
     except ValueError as error:

@@ -2,13 +2,15 @@
 
 One OS process per rank loads the plugin ``.so`` and makes NCCL's profiler calls through its ABI
 (cffi); ranks coordinate through a shared arrival board so that waiting in collectives is real.
-Layouts: DDP, FSDP, Megatron-style TP x PP x DP; injectable faults: straggler, hang, crash,
-slow link. The run writes ``ground_truth.json`` next to the plugin's output. See docs/simulator.md.
+Layouts: DDP, FSDP, Megatron-style TP x PP x DP; injectable faults: straggler (a whole rank or
+one compute phase), late rank, hang, crash, slow link, pause. The run writes ``ground_truth.json``
+next to the plugin's output. See docs/simulator.md.
 """
 
 from comminsight.simulator.plan import (
     Crash,
     Hang,
+    Late,
     SimulationConfig,
     SlowLink,
     Straggler,
@@ -19,6 +21,7 @@ from comminsight.simulator.runner import SimulationResult, default_plugin_path, 
 __all__ = [
     "Crash",
     "Hang",
+    "Late",
     "SimulationConfig",
     "SimulationResult",
     "SlowLink",

@@ -33,6 +33,7 @@ DTYPE_BYTES = {"ncclInt8": 1, "ncclUint8": 1, "ncclFloat16": 2, "ncclBfloat16": 
 COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce")
 P2P_FUNCS = ("Send", "Recv")
 SETUP_STEP = -1
+PHASES = ("forward", "backward", "optimizer")  # compute phase labels a fault can single out
 
 
 # ----------------------------------------------------------------------------- faults
@@ -40,12 +41,29 @@ SETUP_STEP = -1
 
 @dataclass(frozen=True)
 class Straggler:
-    """Rank ``rank`` computes ``slow_pct`` percent slower from step ``from_step`` on."""
+    """Rank ``rank`` computes ``slow_pct`` percent slower from step ``from_step`` on.
+
+    ``phase`` ("forward", "backward", "optimizer") limits it to that kind of compute phase; empty: all.
+    """
 
     rank: int
     slow_pct: float
     from_step: int = 0
+    phase: str = ""
     type: Literal["straggler"] = "straggler"
+
+
+@dataclass(frozen=True)
+class Late:
+    """Rank ``rank`` is ``delay_ms`` late every step from ``from_step`` on: its first compute phase
+    labelled ``phase`` in each step starts that much later (a host-side stall: data loading, garbage
+    collection, a sleep before backward)."""
+
+    rank: int
+    delay_ms: float
+    from_step: int = 0
+    phase: str = "backward"
+    type: Literal["late"] = "late"
 
 
 @dataclass(frozen=True)
@@ -89,7 +107,7 @@ class SlowLink:
     type: Literal["slow_link"] = "slow_link"
 
 
-Fault = Straggler | Hang | Crash | SlowLink | Pause
+Fault = Straggler | Late | Hang | Crash | SlowLink | Pause
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -143,7 +161,9 @@ class SimulationConfig:
             return self.hang_timeout_s
         slowest = max([f.slow_pct for f in self.faults if isinstance(f, Straggler)], default=0.0)
         paused = max([f.seconds for f in self.faults if isinstance(f, Pause)], default=0.0)
-        return max(2.0, 4.0 * self.step_ms * (1 + self.jitter) * (1 + slowest / 100.0) / 1000.0, paused + 5.0)
+        late = max([f.delay_ms for f in self.faults if isinstance(f, Late)], default=0.0)
+        slowest_step_ms = self.step_ms * (1 + self.jitter) * (1 + slowest / 100.0) + late
+        return max(2.0, 4.0 * slowest_step_ms / 1000.0, paused + 5.0)
 
 
 def validate(config: SimulationConfig) -> None:
@@ -202,11 +222,15 @@ def _validate_fault(config: SimulationConfig, fault: Fault) -> None:
     for rank in ranks:
         if not 0 <= rank < config.ranks:
             raise ValueError(f"{fault.type}: rank {rank} is not in 0..{config.ranks - 1}")
-    if isinstance(fault, Straggler):
-        if not 0 < fault.slow_pct <= 10_000:
+    if isinstance(fault, Straggler | Late):
+        if isinstance(fault, Straggler) and not 0 < fault.slow_pct <= 10_000:
             raise ValueError(f"straggler: slow percentage must be in (0, 10000], got {fault.slow_pct}")
+        if isinstance(fault, Late) and not 0 < fault.delay_ms <= 600_000:
+            raise ValueError(f"late: delay must be in (0, 600000] ms, got {fault.delay_ms}")
         if not 0 <= fault.from_step < config.steps:
-            raise ValueError(f"straggler: from-step {fault.from_step} is not in 0..{config.steps - 1}")
+            raise ValueError(f"{fault.type}: from-step {fault.from_step} is not in 0..{config.steps - 1}")
+        if fault.phase not in (*PHASES, "") or (isinstance(fault, Late) and not fault.phase):
+            raise ValueError(f"{fault.type}: phase must be one of {', '.join(PHASES)}, got {fault.phase!r}")
     elif isinstance(fault, Hang | Crash):
         if not 0 <= fault.step < config.steps:
             raise ValueError(f"{fault.type}: step {fault.step} is not in 0..{config.steps - 1}")
@@ -725,16 +749,27 @@ def compute_durations(config: SimulationConfig, rank: int, steps: tuple[tuple[Ac
     """Per step, the duration in ms of each compute phase (deterministic in seed and rank)."""
     rng = np.random.default_rng([config.seed, 1, rank])
     slow = [f for f in config.faults if isinstance(f, Straggler) and f.rank == rank]
+    late = [f for f in config.faults if isinstance(f, Late) and f.rank == rank]
     out = []
     for step, actions in enumerate(steps):
-        weights = np.array([a.weight for a in actions if isinstance(a, Compute)], dtype=float)
-        factor = 1.0 + sum(f.slow_pct / 100.0 for f in slow if step >= f.from_step)
+        computes = [a for a in actions if isinstance(a, Compute)]
+        weights = np.array([a.weight for a in computes], dtype=float)
+        labels = np.array([a.label for a in computes], dtype=object)
+        factor = np.ones(len(computes))
+        for f in slow:
+            if step >= f.from_step:
+                factor += (f.slow_pct / 100.0) * ((labels == f.phase) if f.phase else 1.0)
         noise = 1.0 + rng.uniform(-config.jitter, config.jitter, size=len(weights))
-        out.append(list(weights * config.step_ms * factor * noise))
+        durations = weights * config.step_ms * factor * noise
+        for f in late:
+            first = np.flatnonzero(labels == f.phase)
+            if step >= f.from_step and first.size:
+                durations[first[0]] += f.delay_ms
+        out.append(list(durations))
     return out
 
 
-_FAULT_TYPES = {cls.type: cls for cls in (Straggler, Hang, Crash, SlowLink, Pause)}  # type: ignore[attr-defined]
+_FAULT_TYPES = {cls.type: cls for cls in (Straggler, Late, Hang, Crash, SlowLink, Pause)}  # type: ignore[attr-defined]
 
 
 def config_to_dict(config: SimulationConfig) -> dict:
@@ -761,7 +796,9 @@ def config_from_dict(data: dict) -> SimulationConfig:
         kind = _FAULT_TYPES.get(fault.get("type", ""))
         if kind is None:
             raise ValueError(f"unknown fault type {fault.get('type')!r}")
-        numbers = [v for k, v in fault.items() if k not in ("type", "ranks")]
+        if not isinstance(fault.get("phase", ""), str):
+            raise ValueError(f"{kind.type} fault: phase must be a string")
+        numbers = [v for k, v in fault.items() if k not in ("type", "ranks", "phase")]
         if "ranks" in fault:
             if not isinstance(fault["ranks"], list) or len(fault["ranks"]) != 2:
                 raise ValueError("a slow link's ranks are a list of two ranks")
