@@ -150,6 +150,24 @@ def test_a_straggler_limited_to_backward_slows_only_backward_phases() -> None:
         assert b == pytest.approx(a * 1.4 if label == "backward" else a)
 
 
+def test_the_modelled_clock_charges_a_late_rank_once_per_step_and_a_slow_link_its_transfers() -> None:
+    from comminsight.simulator.model import modelled_step_ms, modelled_steps
+
+    ddp = SimulationConfig(ranks=4, steps=4, step_ms=100.0, jitter=0.0)
+    late = SimulationConfig(ranks=4, steps=4, step_ms=100.0, jitter=0.0, faults=(Late(2, 9.0),))
+    # Every rank waits for the late one at the next gradient all-reduce: each step is 9 ms longer.
+    assert modelled_step_ms(late) - modelled_step_ms(ddp) == pytest.approx(9.0, abs=1e-6)
+    bounds = modelled_steps(ddp)
+    assert bounds.shape == (4, 4, 2)
+    assert (bounds[:, 1:, 0] >= bounds[:, :-1, 1] - 1e-9).all()  # a rank's steps follow each other
+
+    megatron = SimulationConfig(layout="megatron", ranks=4, tp=1, pp=2, layers=1, jitter=0.0)
+    slow = SimulationConfig(**{**megatron.__dict__, "faults": (SlowLink((0, 2), 1000.0),)})
+    assert modelled_step_ms(slow) > modelled_step_ms(megatron) * 1.05
+    with pytest.raises(ValueError, match="not hangs"):
+        modelled_steps(SimulationConfig(ranks=2, faults=(Hang(1, 1),)))
+
+
 def test_jitter_is_reproducible_from_the_seed() -> None:
     config = SimulationConfig(ranks=2, jitter=0.2, seed=5)
     plan = build_plan(config)
