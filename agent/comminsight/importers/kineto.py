@@ -523,8 +523,11 @@ class _Event(msgspec.Struct, gc=False):
 _ARG_NAMES = tuple(f.encode_name for f in msgspec.structs.fields(_Args))
 assert set(_ARG_NAMES) == _ARG_KEYS
 assert _Event.__struct_fields__ == _EVENT_KEYS
-# Elements that are not objects decode as themselves (they are skipped later, as after a full parse).
-_DECODER = msgspec.json.Decoder(list[_Event | int | float | str | bool | None | list])
+# Elements that are not objects (which the table skips) send their run to the scanner.
+_DECODER = msgspec.json.Decoder(list[_Event])
+# Events are 100 bytes or more (a Kineto flow event, the smallest, is about 110). A run with one
+# "{" per fewer bytes goes to the scanner: a piece of tiny objects would build a struct per few bytes.
+_MIN_BYTES_PER_OBJECT = 48
 _ARGS_DECODER = msgspec.json.Decoder(_Args)
 # Where one event ends and the next begins, in the text any JSON writer produces: "}" "," "{".
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
@@ -744,7 +747,8 @@ class _TraceReader:
         a parser reads a prefix of the document the same way whatever follows, so it can close the
         added array only where the real array is between two elements. What msgspec does not take
         as the whole-document parse would (NaN, numbers past the float range, nesting deeper than
-        its recursion limit, no boundary in the last MiB) goes to the scanner.
+        its recursion limit), elements that are not objects, runs of tiny objects (memory) and
+        pieces with no boundary in their last MiB go to the scanner.
         """
         end = len(buf)
         floor = max(0, end - _BOUNDARY_TAIL)
@@ -759,6 +763,8 @@ class _TraceReader:
             if not self.seen:
                 return None  # "[," is not JSON: the scanner's parse says so
             start += 1
+        if buf.count(b"{", start, end) * _MIN_BYTES_PER_OBJECT > end - start:
+            return None
         try:
             items = _DECODER.decode(b"[" + buf[start:end] + b"]")
             wanted = _selected(items)
