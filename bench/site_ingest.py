@@ -86,9 +86,17 @@ def upload(client: httpx.Client, base: str, data: bytes, chunk: int) -> tuple[fl
 
 
 def agent_rounds(
-    base: str, token: str, rounds: int, node: str, chunk_bytes: int, latencies: list, errors: list[str]
+    base: str,
+    token: str,
+    rounds: int,
+    workload: str,
+    node: str,
+    chunk_bytes: int,
+    latencies: list,
+    errors: list[str],
 ) -> None:
-    """One closed-loop agent: each round a heartbeat, an upload HEAD, a create (resume) and one chunk."""
+    """One closed-loop agent (one node of ``workload``): each round a heartbeat, an upload HEAD, a create
+    (resume) and one chunk."""
     payload = os.urandom(chunk_bytes)
     chunk_headers = {"Content-Type": "application/offset+octet-stream"}
     chunk_headers["Upload-Checksum"] = f"sha256 {hashlib.sha256(payload).hexdigest()}"
@@ -97,7 +105,7 @@ def agent_rounds(
         create = {"sha256": sha, "size": chunk_bytes * (rounds + 1), "filename": "ci-x.tar.zst"}
         upload_id = client.post(base + "uploads/", json=create).json()["upload_id"]
         url = f"{base}uploads/{upload_id}/"
-        beat = {"workload_id": "bench", "node": node, "sent_ns": 0, "communicators": []}
+        beat = {"workload_id": workload, "node": node, "sent_ns": 0, "communicators": []}
         offset = 0
         for _ in range(rounds):
             for kind in ("heartbeat", "head", "create", "chunk"):
@@ -124,6 +132,8 @@ def run_clients(
 ) -> tuple[list[tuple[str, float]], list[str]]:
     latencies: list[tuple[str, float]] = []
     errors: list[str] = []
+    # One job of --clients nodes per run: each heartbeat reads its job's nodes, so runs must not share a job.
+    job = f"bench-{tag}-{os.getpid()}-{time.monotonic_ns()}"
     threads = [
         threading.Thread(
             target=agent_rounds,
@@ -131,6 +141,7 @@ def run_clients(
                 base,
                 token,
                 rounds,
+                job,
                 f"node-{tag}-{os.getpid()}-{time.monotonic_ns()}-{i}",
                 chunk_bytes,
                 latencies,
