@@ -143,3 +143,44 @@ def test_a_refused_chunk_is_answered_before_its_body_and_the_connection_closed(s
     assert answer.startswith(b"HTTP/1.1 401")
     assert b"connection: close" in answer.lower()
     assert after == b""
+
+
+def test_agent_requests_answered_ahead_of_django_and_those_handed_to_it_both_work(site):
+    base, token = site
+    beat = {"workload_id": "job-real", "node": "n1", "sent_ns": 1, "communicators": []}
+    with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+        answered = client.post(f"{base}/api/v1/ingest/live/", json=beat)
+        # An Accept this path leaves to DRF's negotiation: Django gets the request with its whole body.
+        handed = client.post(f"{base}/api/v1/ingest/live/", json=beat, headers={"Accept": "application/json; indent=2"})
+        refused = client.post(f"{base}/api/v1/ingest/live/", json=beat, headers={"Authorization": "Bearer ci_x_y"})
+    assert (answered.status_code, answered.json()) == (202, {"status": "running"})
+    assert (handed.status_code, handed.json()) == (202, {"status": "running"})
+    assert handed.text == '{\n  "status": "running"\n}'
+    assert refused.status_code == 401
+    assert refused.headers["WWW-Authenticate"] == 'Bearer realm="comminsight-ingest"'
+
+
+def test_a_heartbeat_that_stops_mid_body_gets_408_and_is_disconnected(site):
+    base, token = site
+    head = (
+        f"POST /api/v1/ingest/live/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+        'Content-Type: application/json\r\nContent-Length: 500\r\n\r\n{"workload_id": "job-stalled", '
+    )
+    answer, after = raw_request(base, head)
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert after == b""
+
+
+def test_malformed_request_heads_are_refused_with_400(site):
+    base, token = site
+    for head in (
+        f"POST /api/v1/ingest/live/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+        "Content-Type: application/json\r\nContent-Length: ten\r\n\r\n",
+        f"POST /api/v1/ingest/uploads/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+        "Content-Type: application/json\r\nContent-Length: -5\r\n\r\n",
+    ):
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as conn:
+            conn.sendall(head.encode())
+            answer = conn.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 400"), answer[:80]
