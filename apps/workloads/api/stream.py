@@ -19,6 +19,7 @@ import json
 import re
 import uuid
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any, Literal
 
@@ -35,6 +36,8 @@ from apps.accounts.services import agent_token_authenticate
 from apps.workloads import uploads
 
 WRITE_BATCH_BYTES = 1 << 20
+# Hashing and writing large chunk bodies; one batch of one request at a time each.
+WRITERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="upload-writer")
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -114,9 +117,11 @@ class UploadChunkApp:
 async def _write_body(writer: uploads.ChunkWriter, receive: Receive) -> bool:
     """Hash and write the body through ``writer``; False if the client went away first.
 
-    Pieces are handed to a pool thread in batches of about ``WRITE_BATCH_BYTES`` (hashlib and pwrite release
+    Pieces are handed to a writer thread in batches of about ``WRITE_BATCH_BYTES`` (hashlib and pwrite release
     the GIL), one batch at a time, while the event loop goes on receiving the next one and serving other
-    requests. So a request holds at most two batches here, plus what the server queued for it."""
+    requests. So a request holds at most two batches here, plus what the server queued for it. The writers
+    are threads of their own, not the pool the database work waits in, and a body smaller than one batch is
+    written on the loop once it is all in (hashing 256 KiB takes about as long as a hop to a thread)."""
     loop = asyncio.get_running_loop()
     in_flight: asyncio.Future[None] | None = None
     batch: list[bytes] = []
@@ -131,10 +136,13 @@ async def _write_body(writer: uploads.ChunkWriter, receive: Receive) -> bool:
                 batch.append(body)
                 size += len(body)
             last = not message.get("more_body", False)
-            if size >= WRITE_BATCH_BYTES or (last and batch):
+            if last and in_flight is None and size < WRITE_BATCH_BYTES:
+                writer.write_all(batch)  # a small body whole: less work on the loop than a trip to a thread
+                batch, size = [], 0
+            elif size >= WRITE_BATCH_BYTES or (last and batch):
                 if in_flight is not None:
                     await in_flight
-                in_flight = loop.run_in_executor(None, writer.write_all, batch)
+                in_flight = loop.run_in_executor(WRITERS, writer.write_all, batch)
                 batch, size = [], 0
             if last:
                 break
