@@ -29,6 +29,7 @@ import contextlib
 import gzip
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -242,6 +243,12 @@ def run_hta(trace_dir: Path) -> tuple[float, float, list[int]] | str:
     return t1 - t0, time.perf_counter() - t1, [int(r) for r in answer]
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU of this process and its reaped children (HTA's parse workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """HTA and its parse workers log every file they read to stderr and stdout: both go to /dev/null."""
@@ -292,10 +299,13 @@ def report(trace_dir: Path, truth: str, rounds: int, hta_dir: Path | None = None
     # HTA's first run above warmed it (lazy imports, caches); CommInsight gets the same first run.
     cold_load, cold_run, _, _ = run_comminsight(trace_dir)
     print(f"first runs, not counted: CommInsight {cold_load + cold_run:.3f} s (HTA's: the probe above)")
-    ours_times, hta_times, ratios = [], [], []
+    ours_times, hta_times, ratios, cpu_ratios = [], [], [], []
     for round_ in range(rounds):
+        cpu0 = _cpu_seconds()
         ours_load, ours_run, culprits, slowdown = run_comminsight(trace_dir)
+        cpu1 = _cpu_seconds()
         hta = run_hta(trace_for_hta)
+        cpu2 = _cpu_seconds()
         if isinstance(hta, str):
             print(hta)
             return
@@ -304,10 +314,12 @@ def report(trace_dir: Path, truth: str, rounds: int, hta_dir: Path | None = None
         ours_times.append(ours)
         hta_times.append(theirs)
         ratios.append(theirs / ours)
+        cpu_ratios.append((cpu2 - cpu1) / (cpu1 - cpu0))
         print(
-            f"round {round_ + 1}: CommInsight load {ours_load:.3f} s + analysis {ours_run:.3f} s = {ours:.3f} s; "
-            f"HTA parse {hta_parse:.3f} s + get_potential_stragglers {hta_run:.3f} s = {theirs:.3f} s; "
-            f"x{theirs / ours:.1f}; load average {os.getloadavg()[0]:.1f}"
+            f"round {round_ + 1}: CommInsight load {ours_load:.3f} s + analysis {ours_run:.3f} s = {ours:.3f} s "
+            f"(CPU {cpu1 - cpu0:.3f} s); HTA parse {hta_parse:.3f} s + get_potential_stragglers {hta_run:.3f} s = "
+            f"{theirs:.3f} s (CPU {cpu2 - cpu1:.3f} s, its parse workers included); x{theirs / ours:.1f}; "
+            f"load average {os.getloadavg()[0]:.1f}"
         )
     ours_top, hta_top = culprits[:1], hta_answer[:1]
     print(
@@ -317,7 +329,8 @@ def report(trace_dir: Path, truth: str, rounds: int, hta_dir: Path | None = None
     )
     print(
         f"time ratio HTA / CommInsight, end to end: median x{statistics.median(ratios):.1f} over {rounds} rounds "
-        f"(min x{min(ratios):.1f}, max x{max(ratios):.1f}; target >= 10x)"
+        f"(min x{min(ratios):.1f}, max x{max(ratios):.1f}; target >= 10x); in CPU seconds median "
+        f"x{statistics.median(cpu_ratios):.1f} (min x{min(cpu_ratios):.1f}, max x{max(cpu_ratios):.1f})"
     )
     print(
         f"same culprit: {bool(ours_top) and ours_top == hta_top} | truth {truth} | CommInsight {ours_top} | "
