@@ -1,21 +1,26 @@
-"""Partitioned vs whole-table analyses (hang, perf) on a large synthetic store: time and peak memory per task.
+"""Partitioned vs whole-table analyses (hang, steps, perf) on a large synthetic store: time and peak memory per task.
 
 Writes a synthetic job into a store laid out as the site keeps it (``store/node-<n>/rank-<r>/s.parquet``):
-``--ranks`` ranks, 8 per node, each doing ``--ops`` collectives alternating between the world
-communicator and its tensor-parallel group of 8 (sizes 1 KiB-64 MiB); rank 7 stops before its last
-world all-reduce (a hang). Then, in the same run:
+``--ranks`` ranks, 8 per node, laid out TP 8 x PP 8 x DP (ranks / 64) (rank = dp * 64 + pp * 8 + tp). Each
+rank repeats a 64-operation step: 48 all-reduces on its tensor-parallel group, 15 on its data-parallel group,
+one on the world (sizes 1 KiB-64 MiB), ``--ops`` operations in all, ending on a world all-reduce; rank 7
+stops before its last one (a hang: every other rank waits in it). Each rank's table is built with numpy and
+written straight to its Parquet object. Then, in the same run:
 
   - whole:       one process reads every file and runs the analysis (what a single job task did);
-  - partitioned: one map task per partition the site would plan (hang: whole ranks up to
+                 ``--no-whole`` leaves it out (a job too large for one process: the point of partitioning);
+  - partitioned: one map task per partition the site would plan (hang and steps: whole ranks up to
                  ``--partition-rows`` rows; perf: whole communicators up to that many rows, read with a
-                 ``comm_id`` filter from their members' files), then the reduce; with 1 and 2 workers.
+                 ``comm_id`` filter from their members' files), then the reduce - for steps twice (stage 1's
+                 maps and merge, then stage 2's); with 1 and 2 workers.
 
 Tasks run in long-lived worker processes, as Celery's are (started and warmed up - libraries imported -
 before the clock starts); a worker's peak RSS over the tasks it ran bounds each of its tasks' peaks, the
-imported libraries included (~130 MiB). Checks that both ways give the same report, then prints times,
-peak RSS and the ratios.
+imported libraries included (~130 MiB). Checks that both ways give the same report (when the whole table
+ran), then prints times, peak RSS, per-partition cost and the ratios.
 
 Run: .venv/bin/python bench/partitioned_analysis.py [--ranks 256] [--ops 8192] [--partition-rows 500000]
+     [--kinds hang,steps,perf] [--no-whole]
 """
 
 from __future__ import annotations
@@ -48,46 +53,60 @@ STUCK_RANK = 7
 TP = 8
 
 
+STEP_OPS = 64  # a step: 48 TP all-reduces, 15 DP all-reduces, 1 world all-reduce
+KIND_OF_POSITION = np.array([0] * 48 + [1] * 15 + [2])  # 0: TP, 1: DP, 2: world
+
+
 def rank_table(rank: int, ranks: int, ops: int) -> pa.Table:
-    """One rank's operations: world and TP all-reduces alternating, one per ~100 us (vectorised)."""
+    """One rank's operations, one per ~100 us, built with numpy (no Python object per operation)."""
     rng = np.random.default_rng(rank)
+    ops = max(STEP_OPS, ops - ops % STEP_OPS)  # whole steps: the last operation is a world all-reduce
     i = np.arange(ops)
-    world = i % 2 == 0
-    seq = i // 2
-    group = rank // TP
+    kind = KIND_OF_POSITION[i % STEP_OPS]
+    seq = np.zeros(ops, np.int64)
+    for k in range(3):  # the n-th operation on each communicator
+        seq[kind == k] = np.arange(int((kind == k).sum()))
+    tp_group, dp_group = rank // TP, rank % 64  # DP: the ranks of the same (pp, tp) place
+    dp_size = max(ranks // 64, 1)
+    size = np.array([TP, dp_size, ranks], np.int32)[kind]
     size_exp = 10 + (seq % 17)  # 1 KiB .. 64 MiB
     nbytes = (1 << size_exp).astype(np.int64)
     start = 1_700_000_000_000_000_000 + i * 100_000 + rng.integers(0, 5_000, ops)
     end = start + 20_000 + nbytes // 50
-    state = np.full(ops, "completed", dtype=object)
-    if rank == STUCK_RANK:  # stops before its last world all-reduce; its TP peers and the world wait
-        keep = ~(world & (seq == seq[world].max()))
-        i, world, seq, nbytes, start, end, state = (a[keep] for a in (i, world, seq, nbytes, start, end, state))
+    world = kind == 2
+    last_world = world & (seq == seq[world].max())
+    done = np.ones(ops, bool)
+    if rank == STUCK_RANK:  # stops before its last world all-reduce; the world waits
+        keep = ~last_world
+        kind, seq, nbytes, start, end, size, done = (a[keep] for a in (kind, seq, nbytes, start, end, size, done))
     else:
-        last_world = world & (seq == seq[world].max())
-        state[last_world] = "started"
+        done &= ~last_world
         end = np.where(last_world, 0, end)
-    n = len(i)
+    n = len(seq)
+
+    def text(values: list[str], index: np.ndarray | int) -> pa.Array:  # strings by index, no Python loop
+        return pa.array(values).take(pa.array(np.broadcast_to(np.asarray(index, np.int64), (n,))))
+
     return conform(
         pa.table(
             {
-                "workload": ["bench"] * n,
-                "node": [f"node-{rank // 8}"] * n,
+                "workload": text(["bench"], 0),
+                "node": text([f"node-{rank // 8}"], 0),
                 "rank": np.full(n, rank, np.int32),
-                "comm_id": np.where(world, "world", f"tp-{group}"),
-                "comm_size": np.where(world, ranks, TP).astype(np.int32),
-                "op": ["all_reduce"] * n,
+                "comm_id": text([f"tp-{tp_group}", f"dp-{dp_group}", "world"], kind),
+                "comm_size": size,
+                "op": text(["all_reduce"], 0),
                 "is_p2p": np.zeros(n, bool),
-                "seq": seq.astype(np.int64),
-                "seq_kind": ["comm"] * n,
+                "seq": seq,
+                "seq_kind": text(["comm"], 0),
                 "count": nbytes // 2,
                 "bytes": nbytes,
-                "dtype": ["bfloat16"] * n,
-                "state": state.tolist(),
+                "dtype": text(["bfloat16"], 0),
+                "state": text(["started", "completed"], done.astype(np.int64)),
                 "enqueue_ns": start - 1_000,
                 "start_ns": start,
                 "end_ns": pa.array(end, mask=end == 0),
-                "source": ["bench"] * n,
+                "source": text(["bench"], 0),
             }
         )
     )
@@ -137,17 +156,46 @@ def whole_task(kind: str, files: list[str]) -> tuple[str, float, float]:
         from comminsight.analysis.perf import analyse_perf
 
         table = ds.dataset(files, format="parquet", schema=SCHEMA).to_table()
+        if kind == "steps":
+            from comminsight.semantic import recover_steps
+
+            return json.dumps(step_doc(recover_steps(table, compute_waits=True)), default=str)
         report = analyze_hang(table) if kind == "hang" else analyse_perf(table)
         return json.dumps(report, default=str)
 
     return _timed(work)
 
 
-def map_task(kind: str, files: list[str], comm_ids: list[str] | None, out: str) -> tuple[None, float, float]:
+def step_doc(report: Any) -> dict[str, Any]:
+    return {"method": report.method, "methods": report.methods_by_rank, "steps": report.steps}
+
+
+def map_task(
+    kind: str, files: list[str], comm_ids: list[str] | None, out: str, stage: int = 1
+) -> tuple[None, float, float]:
     def work() -> None:
-        from comminsight.analysis.partitioned import hang_tail, perf_map
+        from comminsight.analysis.partitioned import hang_tail, perf_map, steps_evidence, steps_map
 
         dataset = ds.dataset(files, format="parquet", schema=SCHEMA)
+        if kind == "steps" and stage == 1:
+            evidence = steps_evidence(dataset.to_table())
+            evidence.role_rows.write_parquet(f"{out}-roles.parquet")
+            evidence.instances.write_parquet(f"{out}-instances.parquet")
+            evidence.p2p.write_parquet(f"{out}-p2p.parquet")
+            return
+        if kind == "steps":  # stage 2, with stage 1's merge (written next to the partitions' summaries)
+            run = Path(out).parent / Path(out).name.rsplit("-", 1)[0]
+            table = pl.from_arrow(dataset.to_table())
+            comms = pa.array(table.get_column("comm_id").unique().to_list(), pa.string())
+            where = pc.field("comm_id").isin(comms)
+            instances = pl.from_arrow(ds.dataset(f"{run}-links-instances.parquet").to_table(filter=where))
+            index = int(Path(out).name.rsplit("-", 1)[1])
+            waits = pl.read_parquet(f"{run}-links-p2p.parquet").filter(pl.col("part") == index)
+            roles = json.loads(Path(f"{run}-links-roles.json").read_text())
+            part = steps_map(table, roles, instances, waits)
+            part.rank_steps.write_parquet(f"{out}-steps.parquet")
+            Path(f"{out}-methods.json").write_text(json.dumps({str(k): v for k, v in part.methods.items()}))
+            return
         if kind == "hang":
             hang_tail(dataset.to_table()).write_parquet(f"{out}-tail.parquet")
             return
@@ -160,10 +208,38 @@ def map_task(kind: str, files: list[str], comm_ids: list[str] | None, out: str) 
     return _timed(work)
 
 
-def reduce_task(kind: str, outs: list[str]) -> tuple[str, float, float]:
+def reduce_task(kind: str, outs: list[str], stage: int = 1) -> tuple[str, float, float]:
     def work() -> str:
-        from comminsight.analysis.partitioned import hang_reduce, perf_reduce_by_rank
+        from comminsight.analysis.partitioned import (
+            StepsEvidence,
+            StepsPart,
+            hang_reduce,
+            perf_reduce_by_rank,
+            steps_links,
+            steps_reduce,
+        )
 
+        if kind == "steps" and stage == 1:
+            run = outs[0].rsplit("-", 1)[0]
+            evidence = (
+                (i, StepsEvidence(*(pl.read_parquet(f"{o}-{n}.parquet") for n in ("roles", "instances", "p2p"))))
+                for i, o in enumerate(outs)
+            )
+            links = steps_links(evidence)
+            links.instances.write_parquet(f"{run}-links-instances.parquet", row_group_size=1 << 16)
+            links.p2p_waits.write_parquet(f"{run}-links-p2p.parquet")
+            Path(f"{run}-links-roles.json").write_text(json.dumps(links.roles))
+            return ""
+        if kind == "steps":
+            parts = (
+                StepsPart(
+                    pl.read_parquet(f"{o}-steps.parquet"),
+                    {int(k): v for k, v in json.loads(Path(f"{o}-methods.json").read_text()).items()},
+                    None,
+                )
+                for o in outs
+            )
+            return json.dumps(step_doc(steps_reduce(parts)), default=str)
         if kind == "hang":
             report = hang_reduce(pl.read_parquet(f"{o}-tail.parquet") for o in outs)
         else:  # as the site merges: the samples a range of ranks at a time (64 ranks here)
@@ -184,7 +260,7 @@ def reduce_task(kind: str, outs: list[str]) -> tuple[str, float, float]:
 
 
 def plan(kind: str, files: list[str], max_rows: int) -> list[tuple[list[str], list[str] | None]]:
-    if kind == "hang":
+    if kind in ("hang", "steps"):
         parts: list[tuple[list[str], list[str] | None]] = []
         current: list[str] = []
         rows = 0
@@ -217,28 +293,39 @@ def plan(kind: str, files: list[str], max_rows: int) -> list[tuple[list[str], li
 
 
 def run_partitioned(kind: str, files: list[str], max_rows: int, workers: int, scratch: Path) -> dict[str, Any]:
+    stages = 2 if kind == "steps" else 1
+    maps: list[tuple[None, float, float]] = []
+    reduces: list[tuple[str, float, float]] = []
     with warm_pool(workers) as pool:
         t0 = time.perf_counter()
         parts = plan(kind, files, max_rows)
         t_plan = time.perf_counter() - t0
         outs = [str(scratch / f"{kind}-{workers}-{i:05d}") for i in range(len(parts))]
-        maps = list(pool.map(map_task, [kind] * len(parts), [p[0] for p in parts], [p[1] for p in parts], outs))
-        t_maps = time.perf_counter() - t0
-        # the reduce in a worker of its own, so its peak is not the maps'
-        with warm_pool(1) as reducer:
-            t1 = time.perf_counter()
-            report, t_reduce, peak_reduce = reducer.submit(reduce_task, kind, outs).result()
-            t_reduce = time.perf_counter() - t1
+        t_reduce = 0.0
+        for stage in range(1, stages + 1):
+            n = len(parts)
+            maps += pool.map(map_task, [kind] * n, [p[0] for p in parts], [p[1] for p in parts], outs, [stage] * n)
+            # the reduce in a worker of its own, so its peak is not the maps'
+            with warm_pool(1) as reducer:
+                t1 = time.perf_counter()
+                reduces.append(reducer.submit(reduce_task, kind, outs, stage).result())
+                t_reduce += time.perf_counter() - t1
+        wall = time.perf_counter() - t0
     return {
-        "report": report,
-        "wall_s": t_maps + t_reduce,
+        "report": reduces[-1][0],
+        "wall_s": wall,
         "plan_s": t_plan,
         "partitions": len(parts),
+        "maps": len(maps),
         "map_s_max": max(m[1] for m in maps),
+        "map_s_sum": sum(m[1] for m in maps),
         "map_peak_mib_max": max(m[2] for m in maps),
         "reduce_s": t_reduce,
-        "reduce_peak_mib": peak_reduce,
+        "reduce_peak_mib": max(r[2] for r in reduces),
     }
+
+
+TASK_LIMIT_MIB = 2048  # the issue's bound on any one task's peak memory
 
 
 def main() -> None:
@@ -246,7 +333,9 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=256)
     parser.add_argument("--ops", type=int, default=8192, help="operations per rank")
     parser.add_argument("--partition-rows", type=int, default=500_000)
-    parser.add_argument("--kinds", default="hang,perf")
+    parser.add_argument("--kinds", default="hang,steps,perf")
+    parser.add_argument("--no-whole", action="store_true", help="leave out the whole-table run (too large)")
+    parser.add_argument("--workers", default="1,2")
     args = parser.parse_args()
     from tests.analysis_partitioned.compare import canonical, settled
 
@@ -259,30 +348,48 @@ def main() -> None:
         took = time.perf_counter() - t0
         print(f"store: {args.ranks} ranks, {rows:,} operations, {store_mib:.0f} MiB Parquet (written in {took:.0f} s)")
         for kind in args.kinds.split(","):
-            with warm_pool(1) as pool:
-                t1 = time.perf_counter()
-                whole_report, _, whole_peak = pool.submit(whole_task, kind, files).result()
-                whole_s = time.perf_counter() - t1
+            whole_report, whole_s, whole_peak = None, float("nan"), float("nan")
+            if not args.no_whole:
+                with warm_pool(1) as pool:
+                    t1 = time.perf_counter()
+                    whole_report, _, whole_peak = pool.submit(whole_task, kind, files).result()
+                    whole_s = time.perf_counter() - t1
             same = settled if kind == "hang" else canonical
-            runs = {w: run_partitioned(kind, files, args.partition_rows, w, root) for w in (1, 2)}
-            for run in runs.values():
-                assert same(json.loads(run["report"])) == same(json.loads(whole_report)), f"{kind}: reports differ"
-            one, two = runs[1], runs[2]
+            runs = {}
+            for w in (int(x) for x in args.workers.split(",")):
+                runs[w] = run_partitioned(kind, files, args.partition_rows, w, root)
+                if whole_report is not None:
+                    assert same(json.loads(runs[w]["report"])) == same(json.loads(whole_report)), f"{kind}: differ"
+            first = runs[min(runs)]
             limit = f"{args.partition_rows:,}"
-            print(f"\n{kind}: {one['partitions']} partitions of <= {limit} rows (plan {one['plan_s']:.1f} s)")
-            print(f"  whole table, one task:   {whole_s:7.1f} s   peak {whole_peak:7.0f} MiB")
-            map_peak, reduce_peak = one["map_peak_mib_max"], one["reduce_peak_mib"]
             print(
-                f"  partitioned, 1 worker:   {one['wall_s']:7.1f} s   peak of a map worker {map_peak:6.0f} MiB"
-                f" (slowest map {one['map_s_max']:.1f} s), reduce {one['reduce_s']:.1f} s / {reduce_peak:.0f} MiB"
+                f"\n{kind}: {first['partitions']} partitions of <= {limit} rows, {first['maps']} map tasks"
+                f" (plan {first['plan_s']:.1f} s)",
+                flush=True,
             )
-            print(f"  partitioned, 2 workers:  {two['wall_s']:7.1f} s")
-            peak = max(one["map_peak_mib_max"], one["reduce_peak_mib"])
-            print(
-                f"  ratios: time 1 worker / whole {one['wall_s'] / whole_s:.2f}, 2 workers / 1 worker"
-                f" {two['wall_s'] / one['wall_s']:.2f}; largest task's peak / whole {peak / whole_peak:.2f}"
-            )
-            print("  reports: identical (after ordering ties)")
+            if whole_report is not None:
+                print(f"  whole table, one task:   {whole_s:7.1f} s   peak {whole_peak:7.0f} MiB")
+            for w, run in sorted(runs.items()):
+                print(
+                    f"  partitioned, {w} worker{'s' if w > 1 else ' '}:  {run['wall_s']:7.1f} s"
+                    f"   map tasks {run['map_s_sum']:.1f} s in all ({run['map_s_sum'] / run['maps']:.2f} s each,"
+                    f" slowest {run['map_s_max']:.1f} s), peak of a map worker {run['map_peak_mib_max']:.0f} MiB;"
+                    f" reduce {run['reduce_s']:.1f} s / {run['reduce_peak_mib']:.0f} MiB"
+                )
+            if kind == "steps":
+                found = json.loads(first["report"])
+                print(f"  steps found: {len(found['steps'])} (method {found['method']})")
+            peak = max(max(r["map_peak_mib_max"], r["reduce_peak_mib"]) for r in runs.values())
+            verdict = "within" if peak <= TASK_LIMIT_MIB else "OVER"
+            print(f"  largest task's peak {peak:.0f} MiB: {verdict} {TASK_LIMIT_MIB} MiB")
+            if len(runs) > 1:
+                print(f"  ratio: {max(runs)} workers / 1 worker {runs[max(runs)]['wall_s'] / runs[1]['wall_s']:.2f}")
+            if whole_report is not None:
+                print(
+                    f"  ratios: time 1 worker / whole {first['wall_s'] / whole_s:.2f};"
+                    f" largest task's peak / whole {peak / whole_peak:.2f}; reports identical (after ordering ties)"
+                )
+            sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ the reduce holds summaries, not the job's rows.
 - **steps** — partitions of whole ranks, two stages. The step engine runs per rank; what it needs from
   other ranks is the communicators' roles and each event's exposed waiting (how long it waited for the
   last member of its operation). Stage 1, ``steps_evidence``: per partition, the role rows, the
-  collective instances its ranks saw (first and last arrival, ranks seen) and its point-to-point
+  collective instances its ranks saw (last arrival, ranks seen) and its point-to-point
   rows. ``steps_links`` merges them: the roles, the instances of two or more members (their last
   arrival), and every point-to-point event's waiting (pairing sends and receives needs them all).
   Stage 2, ``steps_map``: the engine over one partition's ranks with those, giving per-(rank, step)
@@ -187,7 +187,7 @@ class StepsEvidence:
     """What one partition of whole ranks tells the others (stage 1 of a partitioned steps run)."""
 
     role_rows: pl.DataFrame  # comminsight.semantic.roles.role_rows
-    instances: pl.DataFrame  # collective_instances: key, comm_id, first, last, n_members
+    instances: pl.DataFrame  # collective_instances: key, comm_id, last, n_members
     p2p: pl.DataFrame  # the point-to-point rows, ``_i``: their row in the partition
 
 

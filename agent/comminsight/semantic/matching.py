@@ -90,9 +90,9 @@ def _member_wait(last: pl.Expr) -> pl.Expr:
 
 
 def collective_instances(df: pl.DataFrame) -> pl.DataFrame:
-    """Per collective instance among ``df``'s rows: ``key``, first and last arrival, ranks seen (``n_members``).
+    """Per collective instance among ``df``'s rows: ``key``, communicator, last arrival, ranks seen (``n_members``).
 
-    Instances seen by disjoint sets of ranks merge by min, max and sum (a partitioned run's first stage).
+    Instances seen by disjoint sets of ranks merge by max and sum (a partitioned run's first stage).
     """
     coll = _collectives(_events(df.with_row_index("row")))
     return (
@@ -100,7 +100,6 @@ def collective_instances(df: pl.DataFrame) -> pl.DataFrame:
         .group_by("key")
         .agg(
             comm_id=pl.col("comm_id").first(),
-            first=pl.col("arrival_ns").min(),
             last=pl.col("arrival_ns").max(),
             n_members=pl.col("rank").n_unique(),
         )
