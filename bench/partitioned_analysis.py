@@ -186,13 +186,13 @@ def map_task(
         if kind == "steps":  # stage 2, with stage 1's merge (written next to the partitions' summaries)
             run = Path(out).parent / Path(out).name.rsplit("-", 1)[0]
             table = pl.from_arrow(dataset.to_table())
-            comms = pa.array(table.get_column("comm_id").unique().to_list(), pa.string())
-            where = pc.field("comm_id").isin(comms)
+            links = json.loads(Path(f"{run}-links-roles.json").read_text())
+            shared = set(table.get_column("comm_id").unique().to_list()) & set(links["shared"])
+            where = pc.field("comm_id").isin(pa.array(sorted(shared), pa.string()))
             instances = pl.from_arrow(ds.dataset(f"{run}-links-instances.parquet").to_table(filter=where))
             index = int(Path(out).name.rsplit("-", 1)[1])
             waits = pl.read_parquet(f"{run}-links-p2p.parquet").filter(pl.col("part") == index)
-            roles = json.loads(Path(f"{run}-links-roles.json").read_text())
-            part = steps_map(table, roles, instances, waits)
+            part = steps_map(table, links["roles"], instances, waits, links["shared"])
             part.rank_steps.write_parquet(f"{out}-steps.parquet")
             Path(f"{out}-methods.json").write_text(json.dumps({str(k): v for k, v in part.methods.items()}))
             return
@@ -221,14 +221,16 @@ def reduce_task(kind: str, outs: list[str], stage: int = 1) -> tuple[str, float,
 
         if kind == "steps" and stage == 1:
             run = outs[0].rsplit("-", 1)[0]
-            evidence = (
-                (i, StepsEvidence(*(pl.read_parquet(f"{o}-{n}.parquet") for n in ("roles", "instances", "p2p"))))
-                for i, o in enumerate(outs)
-            )
-            links = steps_links(evidence)
+
+            def evidence(i: int) -> StepsEvidence:
+                return StepsEvidence(
+                    *(pl.read_parquet(f"{outs[i]}-{n}.parquet") for n in ("roles", "instances", "p2p"))
+                )
+
+            links = steps_links(len(outs), evidence)
             links.instances.write_parquet(f"{run}-links-instances.parquet", row_group_size=1 << 16)
             links.p2p_waits.write_parquet(f"{run}-links-p2p.parquet")
-            Path(f"{run}-links-roles.json").write_text(json.dumps(links.roles))
+            Path(f"{run}-links-roles.json").write_text(json.dumps({"roles": links.roles, "shared": links.shared}))
             return ""
         if kind == "steps":
             parts = (

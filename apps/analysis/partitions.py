@@ -334,8 +334,8 @@ def _steps_map(job: AnalysisJob, attempt: int, index: int, stage: int, table: pa
         return
     store = object_store()
     links = json.loads(store.read_bytes(store.location(f"{run}/links.json")))
-    comms = pa.array(df.get_column("comm_id").drop_nulls().unique().to_list(), pa.string())
-    # The job's instances of this partition's communicators (the file is sorted by communicator: row groups skip).
+    comms = pa.array(sorted(set(df.get_column("comm_id").drop_nulls().unique().to_list()) & set(links["shared"])))
+    # The job's instances of this partition's shared communicators (sorted by communicator: row groups skip).
     instances = pl.from_arrow(
         store.dataset([store.location(f"{run}/instances.parquet")]).to_table(filter=pc.field("comm_id").isin(comms))
     )
@@ -344,7 +344,8 @@ def _steps_map(job: AnalysisJob, attempt: int, index: int, stage: int, table: pa
     )
     assert isinstance(instances, pl.DataFrame)
     assert isinstance(waits, pl.DataFrame)
-    part = steps_map(df, links["roles"], instances, waits, use_templates=not job.parameters["period_only"])
+    use_templates = not job.parameters["period_only"]
+    part = steps_map(df, links["roles"], instances, waits, links["shared"], use_templates=use_templates)
     _write_frame(f"{prefix}-steps.parquet", part.rank_steps)
     if part.label_counts is not None:
         _write_frame(f"{prefix}-labels.parquet", part.label_counts)
@@ -361,23 +362,21 @@ def partition_link(job_id: int, attempt: int) -> bool:
         return False
     count = len(_plan(job_id, attempt)["partitions"])
     run = _run_prefix(job_id, attempt)
-    evidence = [
-        (
-            i,
-            StepsEvidence(
-                _read_frame(f"{run}/part-{i:06d}-roles.parquet"),
-                _read_frame(f"{run}/part-{i:06d}-instances.parquet"),
-                _read_frame(f"{run}/part-{i:06d}-p2p.parquet"),
-            ),
+
+    def evidence(i: int) -> StepsEvidence:  # read one partition at a time (twice): the merge folds as it goes
+        return StepsEvidence(
+            _read_frame(f"{run}/part-{i:06d}-roles.parquet"),
+            _read_frame(f"{run}/part-{i:06d}-instances.parquet"),
+            _read_frame(f"{run}/part-{i:06d}-p2p.parquet"),
         )
-        for i in range(count)
-    ]
-    if all(e.role_rows.height == 0 for _, e in evidence):
+
+    links = steps_links(count, evidence)
+    if links.role_rows == 0:
         raise ValueError(NO_OPERATIONS)
-    links = steps_links(evidence)
     _write_frame(f"{run}/instances.parquet", links.instances)
     _write_frame(f"{run}/p2p-waits.parquet", links.p2p_waits)
-    object_store().write_bytes(f"{run}/links.json", json.dumps({"roles": links.roles}).encode())
+    links_doc = {"roles": links.roles, "shared": links.shared}
+    object_store().write_bytes(f"{run}/links.json", json.dumps(links_doc).encode())
     return True
 
 

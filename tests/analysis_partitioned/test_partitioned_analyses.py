@@ -152,13 +152,16 @@ def steps_both_ways(table: pa.Table, ranks_per_partition: int, **options) -> tup
     """(whole StepReport, partitioned StepReport): stage 1 and stage 2 over rank partitions."""
     df = by_rank(table)
     parts = rank_partitions(df, ranks_per_partition)
-    links = steps_links(enumerate(steps_evidence(part) for part in parts))
+    evidence = [steps_evidence(part) for part in parts]
+    # One partition per rank: the merge also folds its instances after every partition.
+    links = steps_links(len(parts), evidence.__getitem__, fold_rows=1 if ranks_per_partition == 1 else 10**9)
     mapped = [
         steps_map(
             part,
             links.roles,
             links.instances,
             links.p2p_waits.filter(pl.col("part") == i),
+            links.shared,
             use_templates=options.get("use_templates", True),
         )
         for i, part in enumerate(parts)

@@ -24,7 +24,8 @@ the reduce holds summaries, not the job's rows.
   last member of its operation). Stage 1, ``steps_evidence``: per partition, the role rows, the
   collective instances its ranks saw (last arrival, ranks seen) and its point-to-point
   rows. ``steps_links`` merges them: the roles, the instances of two or more members (their last
-  arrival), and every point-to-point event's waiting (pairing sends and receives needs them all).
+  arrival) of the communicators that span partitions (a partition finds its own communicators'
+  alone), and every point-to-point event's waiting (pairing sends and receives needs them all).
   Stage 2, ``steps_map``: the engine over one partition's ranks with those, giving per-(rank, step)
   summaries; ``steps_reduce`` concatenates them into the ``StepReport`` the whole table gives.
 """
@@ -32,7 +33,7 @@ the reduce holds summaries, not the job's rows.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,6 +180,7 @@ def perf_reduce_by_rank(
 
 # --- steps: two stages over whole ranks -----------------------------------------------------------------------
 
+STEPS_FOLD_ROWS = 2_000_000  # instance rows read before the merge folds them into what it holds
 P2P_COLUMNS = ["rank", "comm_id", "op", "is_p2p", "seq", "peer", "comm_size", "start_ns", "end_ns", "enqueue_ns"]
 
 
@@ -198,6 +200,8 @@ class StepsLinks:
     roles: dict[str, str]
     instances: pl.DataFrame  # key, comm_id, last: collective instances of two or more members
     p2p_waits: pl.DataFrame  # part, _i, wait_ns: point-to-point events that waited
+    shared: list[str]  # communicators seen by several partitions (``instances`` holds theirs)
+    role_rows: int = 0  # 0: the partitions held no operation
 
 
 @dataclass
@@ -216,27 +220,52 @@ def steps_evidence(table: pa.Table | pl.DataFrame) -> StepsEvidence:
     return StepsEvidence(role_rows(df), collective_instances(df), p2p.with_columns(pl.col("_i").cast(pl.Int64)))
 
 
-def steps_links(parts: Iterable[tuple[int, StepsEvidence]]) -> StepsLinks:
-    """Merge the partitions' evidence, given as (partition index, evidence)."""
-    indexed = list(parts)
-    # Rows in rank order (the whole table's): each rank's rows come from one partition, in their order.
-    roles = infer_roles(
-        pl.concat([e.role_rows for _, e in indexed], how="vertical_relaxed").sort("rank", maintain_order=True)
-    )
-    instances = (
-        pl.concat([e.instances for _, e in indexed], how="vertical_relaxed")
+def _merge_instances(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """Instances seen by disjoint sets of ranks, merged: latest arrival, ranks seen added up."""
+    return (
+        pl.concat(frames, how="vertical_relaxed")
         .group_by("key")
-        .agg(
-            comm_id=pl.col("comm_id").first(),
-            last=pl.col("last").max(),
-            n_members=pl.col("n_members").sum(),
-        )
-        .filter(pl.col("n_members") > 1)
-        .select("key", "comm_id", "last")
-        .sort("comm_id", "key")
+        .agg(comm_id=pl.col("comm_id").first(), last=pl.col("last").max(), n_members=pl.col("n_members").sum())
     )
+
+
+def steps_links(count: int, load: Callable[[int], StepsEvidence], fold_rows: int = STEPS_FOLD_ROWS) -> StepsLinks:
+    """Merge the evidence of partitions ``0 .. count - 1`` (``load(i)``: partition i's), one at a time, in two
+    passes. Pass 1 finds the communicators seen by more than one partition (a communicator whose ranks are all
+    in one partition is that partition's own: its map task finds its instances alone); pass 2 merges those
+    communicators' instances, folding every ``fold_rows`` rows, so the merge holds the shared instances plus
+    that many rows."""
+    role_frames: list[pl.DataFrame] = []
+    p2p_frames: list[pl.DataFrame] = []
+    seen_by: dict[str, int] = {}
+    for i in range(count):
+        evidence = load(i)
+        role_frames.append(evidence.role_rows)
+        p2p_frames.append(evidence.p2p.with_columns(part=pl.lit(i, pl.Int64)))
+        for comm in evidence.instances.get_column("comm_id").unique().to_list():
+            seen_by[comm] = seen_by.get(comm, 0) + 1
+    shared = sorted(c for c, n in seen_by.items() if n > 1)
+    merged: list[pl.DataFrame] = []
+    pending: list[pl.DataFrame] = []
+    pending_rows = 0
+    for i in range(count) if shared else ():
+        instances = load(i).instances.filter(pl.col("comm_id").is_in(shared))
+        pending.append(instances)
+        pending_rows += instances.height
+        if pending_rows >= fold_rows:
+            merged, pending, pending_rows = [_merge_instances(merged + pending)], [], 0
+    frames = merged + pending
+    instances = (
+        _merge_instances(frames).filter(pl.col("n_members") > 1).select("key", "comm_id", "last").sort("comm_id")
+        if frames
+        else pl.DataFrame(schema={"key": pl.String, "comm_id": pl.String, "last": pl.Int64})
+    )
+    del merged, pending, frames
+    role_rows = pl.concat(role_frames, how="vertical_relaxed") if role_frames else pl.DataFrame()
+    # Rows in rank order (the whole table's): each rank's rows come from one partition, in their order.
+    roles = infer_roles(role_rows.sort("rank", maintain_order=True)) if role_rows.height else {}
     p2p = (
-        pl.concat([e.p2p.with_columns(part=pl.lit(i, pl.Int64)) for i, e in indexed], how="vertical_relaxed")
+        pl.concat(p2p_frames, how="vertical_relaxed")
         .sort("rank", "_i", maintain_order=True)
         .with_row_index("row")
         .with_columns(pl.col("row").cast(pl.Int64))
@@ -249,7 +278,7 @@ def steps_links(parts: Iterable[tuple[int, StepsEvidence]]) -> StepsLinks:
         .select("part", "_i", "wait_ns")
         .sort("part", "_i")
     )
-    return StepsLinks(roles, instances, p2p_waits)
+    return StepsLinks(roles, instances, p2p_waits, shared, role_rows.height)
 
 
 def steps_map(
@@ -257,12 +286,15 @@ def steps_map(
     roles: dict[str, str],
     instances: pl.DataFrame,
     p2p_waits: pl.DataFrame,
+    shared: list[str],
     use_templates: bool = True,
 ) -> StepsPart:
-    """Stage 2: recover the steps of one partition's ranks, with the job's roles and waiting (``p2p_waits``:
-    this partition's ``_i``, ``wait_ns``)."""
+    """Stage 2: recover the steps of one partition's ranks, with the job's roles and waiting (``instances`` of
+    the ``shared`` communicators; ``p2p_waits``: this partition's ``_i``, ``wait_ns``)."""
     df = _frame(table)
     wait = np.zeros(df.height, np.int64)
+    own = collective_instances(df).filter(~pl.col("comm_id").is_in(shared) & (pl.col("n_members") > 1))
+    instances = pl.concat([instances.select("key", "last"), own.select("key", "last")], how="vertical_relaxed")
     coll = collective_waits(df.with_row_index("row"), instances)
     wait[coll.get_column("row").to_numpy()] = coll.get_column("wait_ns").to_numpy()
     wait[p2p_waits.get_column("_i").to_numpy()] = p2p_waits.get_column("wait_ns").to_numpy()
