@@ -16,7 +16,9 @@
 4. **What-if** (the OSDI'25 what-if analysis). Each step's dependency graph (program order per
    rank, collectives and send/receive pairs completing after their last member arrives plus the
    transfer, operations posted together completing together; with host enqueue times, issue and
-   device execution apart) is replayed, level by level, for many scenarios at once. The ideal
+   device execution apart; program order runs across step boundaries, so each scenario carries
+   its own state from step to step) is replayed, level by level, for many scenarios at once. A
+   step's time runs from the previous step's last end to its own. The ideal
    job has every operation and gap at its mean over ranks and steps (``slowdown.ratio`` =
    observed / ideal); the healthy job has each at most its lower quartile. Attribution replays
    the healthy job with one subset's observed durations restored (a rank, a DP/PP/TP group, a
