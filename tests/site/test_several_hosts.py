@@ -26,6 +26,7 @@ from apps.workloads.models import Archive, ArchiveState, Workload
 from tests import s3server
 from tests.conftest import PASSWORD
 from tests.site.archives import sha256_of, valid_archive
+from tests.site.test_partitioned_runs import whole_table_result
 from tests.site.test_serve import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -201,9 +202,10 @@ def test_two_sites_and_two_workers_sharing_only_postgresql_redis_and_s3_give_ide
         alice_a = signed_in(site_a, "alice")
         alice_b = on(alice_a, site_b)  # the session is in the shared database: valid on either site
         results = {}
-        for kind, asked, other in (("hang", alice_a, alice_b), ("perf", alice_b, alice_a)):
+        map_tasks = {"hang": 4, "perf": 1, "steps": 8}  # steps: two stages over the four ranks
+        for kind, asked, other in (("hang", alice_a, alice_b), ("perf", alice_b, alice_a), ("steps", alice_a, alice_b)):
             job = analyse(asked, workload.pk, kind)
-            assert AnalysisJob.objects.get(pk=job["id"]).partitions == (4 if kind == "hang" else 1)
+            assert AnalysisJob.objects.get(pk=job["id"]).partitions == map_tasks[kind]
             first_result = result_through(other, workload.pk, job["id"])
             again = analyse(other, workload.pk, kind, force=True)  # run again, asked through the other site
             assert again["id"] == job["id"]
@@ -211,6 +213,8 @@ def test_two_sites_and_two_workers_sharing_only_postgresql_redis_and_s3_give_ide
             results[kind] = first_result
         assert results["hang"]["verdict"] == "no_hang"
         assert results["perf"]["bandwidth"]
+        # the two-stage steps run on either worker: what one process gives reading the whole store
+        assert results["steps"] == whole_table_result(AnalysisJob.objects.get(pk=job["id"]))
     finally:
         for host in hosts:
             host.stop()
