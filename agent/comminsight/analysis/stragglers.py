@@ -40,7 +40,7 @@ import polars as pl
 import pyarrow as pa
 
 from comminsight.semantic.matching import match_operations
-from comminsight.semantic.roles import infer_roles
+from comminsight.semantic.roles import infer_coordinates, infer_roles
 
 COORDS = ("dp_rank", "pp_rank", "tp_rank", "cp_rank")
 NOISE_MULTIPLE = 3.0  # a culprit saves at least this many times the typical rank's saving
@@ -64,6 +64,7 @@ class StragglerReport:
     evidence: str = "ok"
     ideal_step_ms: float = 0.0
     heatmap: dict = field(default_factory=dict)
+    coordinates: str = "none"  # where the dp/pp/tp/cp groups came from: "input", "inferred" or "none"
 
     def to_dict(self) -> dict:
         out = {
@@ -78,6 +79,7 @@ class StragglerReport:
             "ideal_step_ms": self.ideal_step_ms,
             "attribution": self.attribution,
             "heatmap": self.heatmap,
+            "coordinates": self.coordinates,
         }
         if self.by_coordinate:
             out["by_coordinate"] = self.by_coordinate
@@ -801,6 +803,14 @@ def analyse_stragglers(
         c for c in COORDS if c in df.columns and df.get_column(c).null_count() == 0 and df.get_column(c).n_unique() > 1
     ]
     rank_coord = df.group_by("rank").agg([pl.col(c).first() for c in coords]) if coords else None
+    coordinates = "input" if coords else "none"
+    given = [c for c in COORDS if c in df.columns and df.get_column(c).null_count() < df.height]
+    if not given and evidence is None:
+        # None in the input (raw profiler logs): from the structure of the communicators, if it decides.
+        inferred = infer_coordinates(df)
+        coords = [c for c in COORDS if inferred is not None and c in inferred.columns and inferred[c].n_unique() > 1]
+        if inferred is not None and coords:
+            rank_coord, coordinates = inferred.select("rank", *coords), "inferred"
     subsets: list[tuple[str, set[int]]] = [(f"rank={r}", {r}) for r in ranks_all]
     if rank_coord is not None:
         for c in coords:
@@ -1085,7 +1095,11 @@ def analyse_stragglers(
         else [],
     }
     report_kwargs.update(
-        attribution=attribution, evidence=evidence or "ok", ideal_step_ms=ideal_mean / 1e6, heatmap=heatmap
+        attribution=attribution,
+        evidence=evidence or "ok",
+        ideal_step_ms=ideal_mean / 1e6,
+        heatmap=heatmap,
+        coordinates=coordinates,
     )
     return StragglerReport(
         ranks=ranks_out,

@@ -215,3 +215,111 @@ def decode_signature(sig: int) -> tuple[str, str, int]:
     op = (sig // 64) % 16
     role = sig // (64 * 16)
     return ROLES[role], OPS[op] if op < len(OPS) else "other", bucket
+
+
+def infer_coordinates(table: pa.Table | pl.DataFrame) -> pl.DataFrame | None:
+    """Per-rank parallel coordinates read from structure, for a table without coordinate columns.
+
+    Columns ``rank`` and those of ``pp_rank``, ``dp_rank``, ``tp_rank``, ``cp_rank`` that the
+    structure decides; None when it decides none.
+    - ``pp_rank``: the position along the rank's send/receive chain (a pipeline), counted from the
+      end whose first point-to-point operation is a send (the first stage sends activations first;
+      the last receives first); every pipeline must be a simple chain (or ring) of one length.
+    - ``tp_rank``, ``cp_rank``: the rank's index in its group of that role (``infer_roles``), when
+      the groups of that role within one stage (at most one member per pipeline) partition the ranks.
+    - ``dp_rank``: the index, in the rank's data-parallel group, of its context-parallel group (of
+      itself without one), ordered by lowest rank: the replica the rank belongs to.
+    """
+    df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    if df.height == 0:
+        return None
+    rows = role_rows(df)
+    roles = infer_roles(rows)
+    ranks = sorted(int(r) for r in rows.get_column("rank").unique().to_list())
+    cols: dict[str, dict[int, int]] = {}
+    stage = _stages(df, ranks)
+    links = (
+        rows.filter(pl.col("is_p2p") & pl.col("peer").is_not_null()).select("rank", "peer")
+        if {"is_p2p", "peer"} <= set(rows.columns)
+        else None
+    )
+    pipe = _pipelines(links)
+    if stage is not None:
+        cols["pp_rank"] = stage
+    members = rows.group_by("comm_id").agg(
+        members=pl.col("comm_ranks").drop_nulls().first() if "comm_ranks" in rows.columns else pl.lit(None),
+        seen=pl.col("rank").unique().sort(),
+    )
+    group_of: dict[str, dict[int, frozenset[int]]] = {}
+    for comm_id, listed, seen in members.iter_rows():
+        role = roles.get(comm_id)
+        if role not in ("dp", "tp", "cp"):
+            continue
+        group = frozenset(int(m) for m in (listed if listed is not None else seen))
+        if len(group) < 2 or len({pipe.get(m, -1 - m) for m in group}) < len(group):
+            continue  # a group across pipeline stages (model-parallel: TP x PP) is not one of a stage
+        of = group_of.setdefault(role, {})
+        for m in group:
+            if of.setdefault(m, group) != group:
+                of[m] = frozenset()  # in two different groups of one role: undecided
+    decided = {role: of for role, of in group_of.items() if set(of) == set(ranks) and all(of.values())}
+    for role in ("tp", "cp"):
+        if role in decided:
+            cols[f"{role}_rank"] = {r: sorted(g).index(r) for r, g in decided[role].items()}
+    if "dp" in decided:
+        inner = decided.get("cp", {})
+        cols["dp_rank"] = {}
+        for r, g in decided["dp"].items():
+            units = sorted({min(inner.get(m, frozenset((m,)))) for m in g})
+            cols["dp_rank"][r] = units.index(min(inner.get(r, frozenset((r,)))))
+    if not cols:
+        return None
+    return pl.DataFrame(
+        {"rank": ranks, **{c: [cols[c].get(r) for r in ranks] for c in sorted(cols)}},
+        schema={"rank": pl.Int64, **{c: pl.Int64 for c in sorted(cols)}},
+    )
+
+
+def _stages(df: pl.DataFrame, ranks: list[int]) -> dict[int, int] | None:
+    """rank -> pipeline stage from the send/receive chains (see ``infer_coordinates``), or None."""
+    if not {"is_p2p", "peer", "op"} <= set(df.columns):
+        return None
+    p2p = df.filter(pl.col("is_p2p") & pl.col("peer").is_not_null() & (pl.col("peer") != pl.col("rank")))
+    if p2p.is_empty():
+        return None
+    order = [c for c in ("start_ns", "enqueue_ns") if c in p2p.columns]
+    first = p2p.group_by("rank").agg(
+        op=(pl.col("op").sort_by(order, nulls_last=True) if order else pl.col("op")).first(),
+        peer=(pl.col("peer").sort_by(order, nulls_last=True) if order else pl.col("peer")).first(),
+    )
+    first_op = {int(r): (op, int(p)) for r, op, p in first.iter_rows()}
+    near: dict[int, set[int]] = {}
+    for a, b in p2p.select("rank", "peer").unique().iter_rows():
+        near.setdefault(int(a), set()).add(int(b))
+        near.setdefault(int(b), set()).add(int(a))
+    if any(len(n) > 2 for n in near.values()):
+        return None  # not a chain: point-to-point traffic of another kind
+    pipe = _pipelines(p2p.select("rank", "peer"))
+    lines: dict[int, list[int]] = {}
+    for r, p in pipe.items():
+        lines.setdefault(p, []).append(r)
+    stage: dict[int, int] = {}
+    for line in lines.values():
+        ends = [r for r in line if len(near[r]) == 1] or line  # a ring has no ends
+        senders = [r for r in ends if first_op.get(r, ("", -1))[0] == "send"]
+        start = senders[0] if len(senders) == 1 else min(ends)
+        prev, cur, chain = -1, start, [start]
+        while True:
+            nxt = sorted(near[cur] - {prev} - set(chain))
+            if not nxt:
+                break
+            sent_to = first_op.get(cur, ("", -1))[1]
+            prev, cur = cur, sent_to if sent_to in nxt and len(nxt) > 1 else nxt[0]
+            chain.append(cur)
+        if len(chain) != len(line):
+            return None
+        stage.update({r: i for i, r in enumerate(chain)})
+    if len({len(line) for line in lines.values()}) != 1:
+        return None
+    return {r: stage.get(r, 0) for r in ranks} if set(stage) >= set(ranks) else None
