@@ -334,11 +334,13 @@ def _steps_map(job: AnalysisJob, attempt: int, index: int, stage: int, table: pa
         return
     store = object_store()
     links = json.loads(store.read_bytes(store.location(f"{run}/links.json")))
-    comms = pa.array(sorted(set(df.get_column("comm_id").drop_nulls().unique().to_list()) & set(links["shared"])))
     # The job's instances of this partition's shared communicators (sorted by communicator: row groups skip).
-    instances = pl.from_arrow(
-        store.dataset([store.location(f"{run}/instances.parquet")]).to_table(filter=pc.field("comm_id").isin(comms))
-    )
+    # The value set takes the stored column's type: an empty list would otherwise be typed null, which Arrow
+    # refuses to compare with strings (a partition that shares no communicator).
+    stored = store.dataset([store.location(f"{run}/instances.parquet")])
+    shared_here = set(df.get_column("comm_id").drop_nulls().unique().to_list()) & set(links["shared"])
+    comms = pa.array(sorted(shared_here), type=stored.schema.field("comm_id").type)
+    instances = pl.from_arrow(stored.to_table(filter=pc.field("comm_id").isin(comms)))
     waits = pl.from_arrow(
         store.dataset([store.location(f"{run}/p2p-waits.parquet")]).to_table(filter=pc.field("part") == index)
     )

@@ -132,7 +132,7 @@ def test_a_straggler_enqueues_last_and_waits_least_from_its_step(simulate) -> No
     result = simulate(layout="ddp", ranks=3, steps=4, step_ms=30.0, faults=(Straggler(1, 400.0, 2),))
     logs = read_home(result.home)
     truth = result.ground_truth
-    assert truth["faults"] == [{"rank": 1, "slow_pct": 400.0, "from_step": 2, "type": "straggler"}]
+    assert truth["faults"] == [{"rank": 1, "slow_pct": 400.0, "from_step": 2, "phase": "", "type": "straggler"}]
 
     ops = truth["operations"]
     first_bucket = {(ops["step"][i], ops["seq"][i]) for i in range(len(ops["rank"])) if ops["role"][i] == "grad_bucket"}
