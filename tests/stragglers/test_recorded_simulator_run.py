@@ -55,3 +55,11 @@ def test_the_estimate_does_not_depend_on_how_many_steps_of_the_job_are_analysed(
     assert report.culprits == [_slow_rank(truth)]
     assert report.slowdown["steps"] == steps
     assert abs(estimated / injected - 1.0) <= 0.10, f"{steps} steps: estimated {estimated:.3f}, injected {injected:.3f}"
+
+
+def test_less_than_a_step_of_the_job_says_the_evidence_cannot_answer(recorded) -> None:
+    table, truth = recorded
+    first = pl.DataFrame(truth["steps"]).filter(pl.col("step") == 1).get_column("start_ns").min()
+    report = analyse_stragglers(table.filter(pl.col("enqueue_ns") < first))  # the set-up and part of step 0
+    assert report.evidence.startswith("insufficient: no training step")
+    assert report.culprits == []

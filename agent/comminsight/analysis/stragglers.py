@@ -728,6 +728,9 @@ def analyse_stragglers(
         raise ValueError("no operations to analyse")
     evidence = _insufficient(df)
     df, step_source = _with_steps(df, use_labels)
+    if evidence is None and df.filter(pl.col("_step") >= 0).is_empty():
+        # Too little of the job to find a step (a prefix shorter than one iteration): nothing to replay.
+        evidence = "insufficient: no training step could be recovered from the input (shorter than one step?)"
     matches = match_operations(df)
     joined = df.select("row", "rank", "_step", "op", "start_ns", "end_ns").join(
         matches.select("row", "group", "lateness_ns", "wait_ns", "n_members"), on="row"
