@@ -15,8 +15,13 @@ uploaded and per crowd request (PostgreSQL's not included): on a machine shared 
 figures follow the neighbours' load, CPU time per unit of work much less.
 Targets (DESIGN §9, issue 13): one agent >= 200 MB/s; p99 <= 100 ms with 50 agents, each request <= 8 MiB.
 
+With --storage s3 the comparison is by storage instead (issue 12): the streamed server stores into the local
+data directory, then into an S3 bucket (COMMINSIGHT_STORAGE_URL, multipart upload) on a real SeaweedFS started
+for the run (the tests' tests/s3server.py), alternating; it prints the one-agent upload MB/s of each, the ratio
+S3 / local and the server CPU per GB (the crowd is skipped).
+
 Run: .venv/bin/python bench/site_ingest.py [--size-mib 256] [--chunk-mib 8] [--workers 2] [--clients 50]
-     [--rounds 10] [--crowd-chunk-kib 256] [--alternations 2]
+     [--rounds 10] [--crowd-chunk-kib 256] [--alternations 2] [--storage s3]
 Uses SQLite in the temporary data directory unless BENCH_DATABASE_URL is set (a database it may migrate).
 """
 
@@ -183,8 +188,11 @@ def cpu_seconds(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def measure(env: dict[str, str], args: argparse.Namespace, token: str, data: bytes, streaming: bool) -> dict:
-    """Start the site (streaming on or off), run the upload and the crowd against it, stop it."""
+def measure(
+    env: dict[str, str], args: argparse.Namespace, token: str, data: bytes, streaming: bool, crowd: bool = True
+) -> dict:
+    """Start the site (streaming on or off), run the upload and (unless ``crowd`` is off) the crowd against it,
+    stop it."""
     port = free_port()
     server = subprocess.Popen(
         [
@@ -213,18 +221,20 @@ def measure(env: dict[str, str], args: argparse.Namespace, token: str, data: byt
         rss_upload = peak_rss_mib(workers)
         cpu_upload = cpu_seconds(workers)
         tag = "stream" if streaming else "buffer"
-        crowd, errors = run_clients(base, token, args.clients, args.rounds, args.crowd_chunk_kib << 10, tag)
+        requests, errors = (
+            run_clients(base, token, args.clients, args.rounds, args.crowd_chunk_kib << 10, tag) if crowd else ([], [])
+        )
         cpu_crowd = cpu_seconds(workers)
         return {
             # Server CPU (all workers; PostgreSQL not included): what the figures would be on idle cores.
             "cpu_s_per_gb": (cpu_upload - cpu_start) / (len(data) / 1e9),
-            "cpu_ms_per_request": (cpu_crowd - cpu_upload) * 1e3 / max(len(crowd), 1),
+            "cpu_ms_per_request": (cpu_crowd - cpu_upload) * 1e3 / max(len(requests), 1),
             "mbps": len(data) / 1e6 / upload_s,
             "finalize_s": finalize_s,
             "chunk": chunk,
             "rss_idle": rss_idle,
             "rss_upload": rss_upload,
-            "crowd": crowd,
+            "crowd": requests,
             "errors": errors,
         }
     finally:
@@ -241,6 +251,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--crowd-chunk-kib", type=int, default=256, help="the crowd's PATCH chunk (<= 8192)")
     parser.add_argument("--alternations", type=int, default=2, help="buffered/streamed pairs of runs")
+    parser.add_argument(
+        "--storage", choices=["local", "s3"], default="local", help="s3: streamed uploads, local vs S3 storage"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -259,12 +272,53 @@ def main() -> None:
             env, "shell", "-c", "from apps.accounts.models import User; User.objects.get_or_create(username='bench')"
         )
         token = manage(env, "agent_token", "create", "--owner", "bench", "--name", f"bench-{os.getpid()}").split()[-1]
+        if args.storage == "s3":
+            storage_runs(env, args, token, Path(tmp) / "s3")
+            return
         runs: dict[bool, list[dict]] = {False: [], True: []}
         for _ in range(args.alternations):  # alternating, so a busy neighbour hurts both servers alike
             for streaming in (False, True):
                 data = os.urandom(args.size_mib << 20)  # new bytes: each run stores its own archive
                 runs[streaming].append(measure(env, args, token, data, streaming))
         report(args, runs)
+
+
+def storage_runs(env: dict[str, str], args: argparse.Namespace, token: str, s3_dir: Path) -> None:
+    """One-agent uploads through the streamed path into the local data directory and into S3, alternating."""
+    sys.path.insert(0, str(ROOT))
+    from tests import s3server
+
+    server = s3server.start(s3_dir)
+    try:
+        s3_env = {
+            **env,
+            "COMMINSIGHT_STORAGE_URL": f"s3://{s3server.BUCKET}/bench-{os.getpid()}",
+            "AWS_ENDPOINT_URL": server.endpoint,
+            "AWS_ACCESS_KEY_ID": s3server.ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": s3server.SECRET_KEY,
+            "AWS_REGION": "us-east-1",
+        }
+        runs: dict[str, list[dict]] = {"local": [], "s3": []}
+        for _ in range(args.alternations):
+            for name, run_env in (("local", env), ("s3", s3_env)):
+                data = os.urandom(args.size_mib << 20)
+                runs[name].append(measure(run_env, args, token, data, streaming=True, crowd=False))
+    finally:
+        server.stop()
+    print(
+        f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the end; serve --workers {args.workers}; "
+        f"{args.size_mib} MiB in {runs['s3'][0]['chunk'] >> 20} MiB chunks; S3: SeaweedFS on loopback; "
+        f"{args.alternations} alternations"
+    )
+    for name in runs:
+        for run in runs[name]:
+            print(
+                f"  {name:5s}: upload {run['mbps']:6.1f} MB/s (finalize {run['finalize_s']:.2f} s), "
+                f"server CPU {run['cpu_s_per_gb']:.2f} s/GB"
+            )
+    local = statistics.median(r["mbps"] for r in runs["local"])
+    s3 = statistics.median(r["mbps"] for r in runs["s3"])
+    print(f"upload   local {local:7.1f} MB/s   S3 {s3:7.1f} MB/s   ratio S3 / local {s3 / local:.2f}x")
 
 
 def report(args: argparse.Namespace, runs: dict[bool, list[dict]]) -> None:
