@@ -119,3 +119,15 @@ def test_the_attribution_names_a_slow_stage_from_inferred_coordinates_and_says_t
     assert [g["group"] for g in inferred.culprit_groups] == ["pp=1"] == [g["group"] for g in given.culprit_groups]
     stage1 = sorted(_truth(job).filter(pl.col("pp_rank") == 1).get_column("rank").to_list())
     assert inferred.by_coordinate["pp"]["1"]["ranks"] == stage1
+
+
+def test_a_job_without_a_pipeline_gets_no_inferred_coordinates(tmp_path: Path) -> None:
+    # TP2 x DP4 without pipeline stages: its consecutive TP pairs and strided DP groups could as well be the
+    # other way round, so nothing is inferred and the attribution makes no coordinate groups of guesses
+    # (a real DDP job's two half-groups once became "tp=1" = ranks 1 and 5, named together as a culprit).
+    job = generate(Layout(tp=2, pp=1, dp=4), steps=4, seed=3)
+    raw = _raw(job, tmp_path)
+    assert infer_coordinates(raw) is None
+    report = analyse_stragglers(raw)
+    assert report.coordinates == "none"
+    assert not any(report.by_coordinate.get(kind) for kind in ("dp", "pp", "tp", "cp"))

@@ -221,7 +221,8 @@ def infer_coordinates(table: pa.Table | pl.DataFrame) -> pl.DataFrame | None:
     """Per-rank parallel coordinates read from structure, for a table without coordinate columns.
 
     Columns ``rank`` and those of ``pp_rank``, ``dp_rank``, ``tp_rank``, ``cp_rank`` that the
-    structure decides; None when it decides none.
+    structure decides; None when it decides none, and for a job without a pipeline (no send/receive
+    chain), whose groups' shapes alone cannot tell TP from DP.
     - ``pp_rank``: the position along the rank's send/receive chain (a pipeline), counted from the
       end whose first point-to-point operation is a send (the first stage sends activations first;
       the last receives first); every pipeline must be a simple chain (or ring) of one length.
@@ -244,9 +245,13 @@ def infer_coordinates(table: pa.Table | pl.DataFrame) -> pl.DataFrame | None:
         if {"is_p2p", "peer"} <= set(rows.columns)
         else None
     )
+    if stage is None:
+        # Without a pipeline the groups' shapes do not decide their roles: consecutive ranks are a TP group
+        # or a DP group alike (a DDP job's sub-groups of halves read as TP), and an index across such guesses
+        # would make groups of ranks that share nothing ("tp=1" = ranks 1 and 5 of a DDP job).
+        return None
     pipe = _pipelines(links)
-    if stage is not None:
-        cols["pp_rank"] = stage
+    cols["pp_rank"] = stage
     members = rows.group_by("comm_id").agg(
         members=pl.col("comm_ranks").drop_nulls().first() if "comm_ranks" in rows.columns else pl.lit(None),
         seen=pl.col("rank").unique().sort(),
