@@ -7,13 +7,14 @@ import hashlib
 import json
 
 import pytest
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from django.core.cache import cache
 from django.test import Client
 from django.urls import reverse
 
 from apps.workloads.api.agent_requests import AgentRequestsApp
 from apps.workloads.models import Node, Upload, Workload
+from tests.site.asgi_requests import answer, asgi_request
 
 IGNORED_HEADERS = {"date", "server"}
 
@@ -44,29 +45,8 @@ def app(inner=None) -> AgentRequestsApp:
 def call(application, method: str, path: str, headers: dict[str, str], body: bytes = b"", query: bytes = b""):
     """One request through the ASGI app; (status, {header: value}, body bytes) or (None, {}, b"")."""
     messages = [{"type": "http.request", "body": body, "more_body": False}, {"type": "http.disconnect"}]
-    sent: list[dict] = []
-
-    async def receive():
-        return messages.pop(0)
-
-    async def send(message):
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "method": method,
-        "path": path,
-        "query_string": query,
-        "scheme": "http",
-        "headers": [(k.lower().encode(), v.encode()) for k, v in {"host": "127.0.0.1", **headers}.items()],
-        "server": ("127.0.0.1", 8000),
-    }
-    async_to_sync(application)(scope, receive, send)
-    if not sent:
-        return None, {}, b""
-    start = sent[0]
-    headers_out = {k.decode().lower(): v.decode() for k, v in start["headers"]}
-    return start["status"], headers_out, b"".join(m.get("body", b"") for m in sent[1:])
+    status, raw, content = answer(asgi_request(application, method, path, headers, messages, query))
+    return status, {k.decode().lower(): v.decode() for k, v in raw}, content
 
 
 def django_answer(method: str, path: str, headers: dict[str, str], body: bytes = b""):
@@ -275,23 +255,7 @@ def test_with_a_separate_agent_listener_requests_on_the_browser_port_go_to_djang
 
 def test_a_client_that_goes_away_before_its_body_arrived_records_nothing(personas):
     headers, body = json_request(personas.agent_secret, heartbeat("n1"))
-    sent: list[dict] = []
     messages = [{"type": "http.request", "body": body[:10], "more_body": True}, {"type": "http.disconnect"}]
-
-    async def receive():
-        return messages.pop(0)
-
-    async def send(message):
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": LIVE,
-        "query_string": b"",
-        "headers": [(k.encode(), v.encode()) for k, v in {"host": "127.0.0.1", **headers}.items()],
-        "server": ("127.0.0.1", 8000),
-    }
-    async_to_sync(app())(scope, receive, send)
+    sent = asgi_request(app(), "POST", LIVE, headers, messages)
     assert sent == []
     assert not Workload.objects.filter(external_id="job-fast").exists()

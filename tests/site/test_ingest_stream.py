@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from django.core.cache import cache
 from django.test import Client
 from django.urls import reverse
@@ -17,6 +17,7 @@ from apps.workloads import uploads
 from apps.workloads.api.stream import UploadChunkApp
 from apps.workloads.models import Upload
 from tests.site.archives import sha256_of, valid_archive
+from tests.site.asgi_requests import answer, asgi_request
 
 
 class Inner:
@@ -43,27 +44,8 @@ def call(application, method: str, path: str, headers: dict[str, str], pieces: l
         messages.append({"type": "http.disconnect"})
     else:
         messages.append({"type": "http.request", "body": b"", "more_body": False})
-    sent: list[dict] = []
-
-    async def receive():
-        return messages.pop(0)
-
-    async def send(message):
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "method": method,
-        "path": path,
-        "headers": [(k.lower().encode(), v.encode()) for k, v in {"host": "127.0.0.1", **headers}.items()],
-        "server": ("127.0.0.1", 8000),
-    }
-    async_to_sync(application)(scope, receive, send)
-    if not sent:
-        return None, {}, None
-    start = sent[0]
-    body = b"".join(m.get("body", b"") for m in sent[1:])
-    return start["status"], dict(start["headers"]), (json.loads(body) if body else None)
+    status, raw, body = answer(asgi_request(application, method, path, headers, messages))
+    return status, dict(raw), (json.loads(body) if body else None)
 
 
 def chunk_headers(secret: str, offset: int, data: bytes, checksum: str | None = None) -> dict[str, str]:
