@@ -7,7 +7,9 @@ Fixtures only — importing this file costs nothing for suites that do not use t
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +105,21 @@ def s3_storage(settings, s3_endpoint) -> str:
     yield url
     store = object_store()
     store.filesystem.delete_dir_contents(store.base, missing_dir_ok=True)
+
+
+PROFILER = Path(__file__).resolve().parents[1] / "native" / "profiler"
+
+
+@pytest.fixture(scope="session")
+def plugin() -> Path:
+    """The profiler plugin built from this tree, for jobs the simulator drives through it (rebuilt once a
+    session; a failed rebuild, sources mid-edit, keeps the last good build). Skipped where the tree has no
+    profiler or it does not build."""
+    pytest.importorskip("comminsight.simulator")
+    if not (PROFILER / "Makefile").is_file():
+        pytest.skip("the profiler plugin is not in this tree")
+    built = PROFILER / "build" / "libnccl-profiler-comminsight.so"
+    build = subprocess.run(["make", "-s", "-C", str(PROFILER)], capture_output=True, text=True, check=False)
+    if build.returncode != 0 and not built.is_file():
+        pytest.skip(f"the profiler plugin does not build here: {build.stderr[-400:]}")
+    return built

@@ -13,7 +13,6 @@ timeout), so marked ``slow``; sizes are small (4-8 ranks, 3 steps of 20 ms) for 
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from comminsight.importers import load
 
 pytestmark = pytest.mark.slow
 
-PROFILER = Path(__file__).resolve().parents[2] / "native" / "profiler"
 FUNC_TO_OP = {
     "AllReduce": "all_reduce",
     "AllGather": "all_gather",
@@ -36,18 +34,6 @@ FUNC_TO_OP = {
 }
 SMALL = {"steps": 3, "step_ms": 20.0}
 MEGATRON = {"layout": "megatron", "ranks": 8, "tp": 2, "pp": 2, "dp": 2, "layers": 1, "micro_batches": 2, **SMALL}
-
-
-@pytest.fixture(scope="module")
-def plugin() -> Path:
-    pytest.importorskip("comminsight.simulator")
-    if not (PROFILER / "Makefile").is_file():
-        pytest.skip("the profiler plugin is not in this tree")
-    built = PROFILER / "build" / "libnccl-profiler-comminsight.so"
-    build = subprocess.run(["make", "-s", "-C", str(PROFILER)], capture_output=True, text=True, check=False)
-    if build.returncode != 0 and not built.is_file():
-        pytest.skip(f"the profiler plugin does not build here: {build.stderr[-400:]}")
-    return built
 
 
 def simulate(plugin: Path, home: Path, options: dict[str, Any], fault: Any) -> tuple[dict, dict]:

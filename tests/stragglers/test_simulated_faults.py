@@ -16,7 +16,6 @@ slower than the slow-link run's, where the model says x1.19).
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 from pathlib import Path
 
 import polars as pl
@@ -27,21 +26,8 @@ from comminsight.importers import load
 
 pytestmark = pytest.mark.slow
 
-PROFILER = Path(__file__).resolve().parents[2] / "native" / "profiler"
 # Megatron TP2 x PP2 x DP2: ranks 0-3 are stage 0, ranks 4-7 stage 1 (rank = tp + 2 * (dp + 2 * pp)).
 MEGATRON = {"layout": "megatron", "ranks": 8, "tp": 2, "pp": 2, "dp": 2, "layers": 1, "micro_batches": 2, "seed": 5}
-
-
-@pytest.fixture(scope="module")
-def plugin() -> Path:
-    pytest.importorskip("comminsight.simulator")
-    if not (PROFILER / "Makefile").is_file():
-        pytest.skip("the profiler plugin is not in this tree")
-    built = PROFILER / "build" / "libnccl-profiler-comminsight.so"
-    build = subprocess.run(["make", "-s", "-C", str(PROFILER)], capture_output=True, text=True, check=False)
-    if build.returncode != 0 and not built.is_file():
-        pytest.skip(f"the profiler plugin does not build here: {build.stderr[-400:]}")
-    return built
 
 
 def _run(config, plugin: Path, home: Path) -> tuple[pl.DataFrame, dict]:  # type: ignore[no-untyped-def]

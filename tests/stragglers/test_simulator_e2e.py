@@ -6,7 +6,6 @@ Multi-process: starts one OS process per simulated rank (marked ``slow``).
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,20 +15,6 @@ from comminsight.importers import load
 from comminsight.semantic import recover_steps
 
 pytestmark = pytest.mark.slow
-
-PROFILER = Path(__file__).resolve().parents[2] / "native" / "profiler"
-
-
-@pytest.fixture(scope="module")
-def plugin() -> Path:
-    simulator = pytest.importorskip("comminsight.simulator")
-    assert simulator
-    if not (PROFILER / "Makefile").is_file():
-        pytest.skip("the profiler plugin is not in this tree")
-    build = subprocess.run(["make", "-s", "-C", str(PROFILER)], capture_output=True, text=True, check=False)
-    if build.returncode != 0:
-        pytest.skip(f"the profiler plugin does not build here: {build.stderr[-400:]}")
-    return PROFILER / "build" / "libnccl-profiler-comminsight.so"
 
 
 def test_simulated_ddp_job_steps_and_straggler_are_recovered_from_the_plugin_logs(plugin: Path, tmp_path: Path) -> None:
