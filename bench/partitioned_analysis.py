@@ -166,8 +166,12 @@ def whole_task(kind: str, files: list[str]) -> tuple[str, float, float]:
     return _timed(work)
 
 
-def step_doc(report: Any) -> dict[str, Any]:
-    return {"method": report.method, "methods": report.methods_by_rank, "steps": report.steps}
+def step_doc(report: Any, totals: Any = None) -> dict[str, Any]:
+    """What the site stores of a large job's steps: per-step summaries from the (rank, step) totals."""
+    from comminsight.analysis.partitioned import step_rows, step_totals
+
+    totals = step_totals(report.rank_steps) if totals is None else totals
+    return {"method": report.method, "methods": report.methods_by_rank, "steps": step_rows(totals)}
 
 
 def map_task(
@@ -216,7 +220,7 @@ def reduce_task(kind: str, outs: list[str], stage: int = 1) -> tuple[str, float,
             hang_reduce,
             perf_reduce_by_rank,
             steps_links,
-            steps_reduce,
+            steps_merge,
         )
 
         if kind == "steps" and stage == 1:
@@ -241,7 +245,7 @@ def reduce_task(kind: str, outs: list[str], stage: int = 1) -> tuple[str, float,
                 )
                 for o in outs
             )
-            return json.dumps(step_doc(steps_reduce(parts)), default=str)
+            return json.dumps(step_doc(*steps_merge(parts, per_rank=False)), default=str)
         if kind == "hang":
             report = hang_reduce(pl.read_parquet(f"{o}-tail.parquet") for o in outs)
         else:  # as the site merges: the samples a range of ranks at a time (64 ranks here)

@@ -383,7 +383,8 @@ def partition_link(job_id: int, attempt: int) -> bool:
 
 
 def step_summary(step: dict[str, Any]) -> dict[str, Any]:
-    """Per-step aggregates over ranks: what the steps page shows, kept even when per-rank details are not."""
+    """Per-step aggregates over ranks from a step's per-rank details: for steps results stored before
+    ``steps_document`` kept a ``summary`` with every step (new results compute it from ``step_totals``)."""
     ranks = step.get("ranks") or {}
     n = max(len(ranks), 1)
     return {
@@ -394,12 +395,18 @@ def step_summary(step: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def steps_document(report: Any) -> dict[str, Any]:
-    """The stored steps result of a ``StepReport`` (whole-table and partitioned runs alike)."""
-    steps = [{**step, "summary": step_summary(step)} for step in report.steps]
-    detailed = sum(len(step.get("ranks") or {}) for step in steps) <= MAX_STEP_RANK_DETAILS
-    if not detailed:  # a large job: keep per-step summaries, not steps x ranks objects
-        steps = [{k: v for k, v in step.items() if k != "ranks"} for step in steps]
+def steps_document(report: Any, totals: pl.DataFrame | None = None) -> dict[str, Any]:
+    """The stored steps result of a ``StepReport`` (whole-table and partitioned runs alike): per-step summaries
+    computed from the per-(rank, step) totals (``totals``: ``step_totals`` of every rank, when the report holds no
+    per-rank rows), with each step's per-rank details up to ``MAX_STEP_RANK_DETAILS`` step x rank objects."""
+    from comminsight.analysis.partitioned import step_rows, step_totals
+
+    totals = step_totals(report.rank_steps) if totals is None else totals
+    detailed = int(totals.get_column("ranks").sum()) <= MAX_STEP_RANK_DETAILS
+    steps = step_rows(totals)
+    if detailed:  # a large job keeps per-step summaries, not steps x ranks objects
+        ranks = {step["step"]: step["ranks"] for step in report.steps}
+        steps = [{**step, "ranks": ranks[step["step"]]} for step in steps]
     doc: dict[str, Any] = {
         "method": report.method,
         "methods_by_rank": {str(k): v for k, v in sorted(report.methods_by_rank.items())},
@@ -412,24 +419,31 @@ def steps_document(report: Any) -> dict[str, Any]:
 
 
 def _steps_reduce(job_id: int, attempt: int, count: int) -> dict[str, Any]:
-    from comminsight.analysis.partitioned import StepsPart, steps_reduce
+    """The last merge of a steps run: one partition's summaries at a time; per-rank details only for a job of at
+    most ``MAX_STEP_RANK_DETAILS`` (rank, step) rows (counted from the summaries' Parquet footers)."""
+    from comminsight.analysis.partitioned import StepsPart, steps_merge
 
     store = object_store()
     run = _run_prefix(job_id, attempt)
     present = set(store.list(run, suffix=".parquet"))
-    parts = []
+    rows = 0
     for i in range(count):
-        prefix = f"{run}/part-{i:06d}"
-        methods = json.loads(store.read_bytes(store.location(f"{prefix}-methods.json")))
-        labels = f"{prefix}-labels.parquet"
-        parts.append(
-            StepsPart(
+        with store.open_input(store.location(f"{run}/part-{i:06d}-steps.parquet")) as handle:
+            rows += pq.ParquetFile(handle).metadata.num_rows
+
+    def parts() -> Iterator[StepsPart]:
+        for i in range(count):
+            prefix = f"{run}/part-{i:06d}"
+            methods = json.loads(store.read_bytes(store.location(f"{prefix}-methods.json")))
+            labels = f"{prefix}-labels.parquet"
+            yield StepsPart(
                 _read_frame(f"{prefix}-steps.parquet"),
                 {int(rank): method for rank, method in methods.items()},
                 _read_frame(labels) if store.location(labels) in present else None,
             )
-        )
-    return steps_document(steps_reduce(parts))
+
+    report, totals = steps_merge(parts(), per_rank=rows <= MAX_STEP_RANK_DETAILS)
+    return steps_document(report, totals)
 
 
 def partition_reduce(job_id: int, attempt: int) -> dict[str, Any] | None:

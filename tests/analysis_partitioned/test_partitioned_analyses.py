@@ -19,12 +19,16 @@ from comminsight.analysis import analyze_hang
 from comminsight.analysis.partitioned import (
     hang_reduce,
     hang_tail,
+    merge_step_totals,
     perf_map,
     perf_reduce,
     perf_reduce_by_rank,
+    step_rows,
+    step_totals,
     steps_evidence,
     steps_links,
     steps_map,
+    steps_merge,
     steps_reduce,
 )
 from comminsight.analysis.perf import analyse_perf
@@ -215,3 +219,46 @@ def test_unlabelled_steps_agree_like_the_whole_tables():
     assert whole.agreement is None
     assert partitioned.agreement is None
     assert step_doc(partitioned) == step_doc(whole)
+
+
+@pytest.mark.parametrize("ranks_per_partition", [1, 3])
+def test_per_step_totals_merged_from_partitions_equal_the_whole_tables(ranks_per_partition):
+    table = synthetic.table("megatron", slow_comms={"pp.d1t1": 5.0})
+    whole, _ = steps_both_ways(table, ranks_per_partition)
+    parts = rank_partitions(by_rank(table), ranks_per_partition)
+    evidence = [steps_evidence(part) for part in parts]
+    links = steps_links(len(parts), evidence.__getitem__)
+    mapped = [
+        steps_map(part, links.roles, links.instances, links.p2p_waits.filter(pl.col("part") == i), links.shared)
+        for i, part in enumerate(parts)
+    ]
+    report, totals = steps_merge(iter(mapped), per_rank=False)
+    assert report.rank_steps.height == 0  # the merge kept no (rank, step) rows
+    assert report.steps == []
+    assert report.methods_by_rank == whole.methods_by_rank
+    assert report.agreement == whole.agreement
+    assert step_rows(totals) == step_rows(step_totals(whole.rank_steps))
+    # The summaries say what the per-rank details say: ranks, mean communication and waiting, the slowest rank.
+    for row, step in zip(step_rows(totals), whole.steps, strict=True):
+        ranks = step["ranks"]
+        slowest = max(ranks, key=lambda r: ranks[r]["duration_ms"])
+        assert row["step"] == step["step"]
+        assert (row["start_ns"], row["end_ns"]) == (step["start_ns"], step["end_ns"])
+        assert row["summary"]["ranks"] == len(ranks)
+        assert row["summary"]["slowest_rank"] == int(slowest)
+        comm = sum(sum(r["comm_ms"].values()) for r in ranks.values()) / len(ranks)
+        assert row["summary"]["comm_ms_mean"] == pytest.approx(comm, rel=1e-12)
+        wait = sum(r["exposed_wait_ms"] for r in ranks.values()) / len(ranks)
+        assert row["summary"]["exposed_wait_ms_mean"] == pytest.approx(wait, rel=1e-12)
+    assert any(row["summary"]["exposed_wait_ms_mean"] > 0 for row in step_rows(totals))
+
+
+def test_the_slowest_rank_of_a_tie_is_the_lowest_whichever_partition_holds_it():
+    frame = pl.DataFrame(
+        {"rank": [5, 2, 9], "step": [0, 0, 0], "start_ns": [0, 10, 0], "end_ns": [30, 40, 20], "wait_ns": [1, 2, 3]}
+    )
+    parts = [step_totals(frame[i : i + 1]) for i in range(3)]
+    merged = step_rows(merge_step_totals(parts))[0]
+    assert merged["summary"]["slowest_rank"] == 2  # ranks 5 and 2 both took 30 ns
+    assert merged == step_rows(step_totals(frame))[0]
+    assert merged["summary"]["exposed_wait_ms_mean"] == pytest.approx(2e-6)

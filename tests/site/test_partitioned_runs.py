@@ -259,6 +259,24 @@ def test_a_steps_run_maps_in_two_stages_and_stores_the_whole_table_result(person
     assert ("agreement" in job.result) == (not params)
 
 
+def test_a_large_partitioned_steps_run_stores_the_whole_tables_per_step_summaries(
+    personas, settings, tmp_path, monkeypatch
+):
+    from apps.analysis import partitions
+
+    settings.ANALYSIS_PARTITION_ROWS = 400  # several map tasks
+    monkeypatch.setattr(partitions, "MAX_STEP_RANK_DETAILS", 10)  # every step x rank count is "large" here
+    put_store(personas.workload.pk, megatron_table(), tmp_path)
+    job = services.analysis_request(personas.workload, "steps", personas.alice).job
+    job.refresh_from_db()
+    assert job.state == JobState.DONE, job.error
+    assert job.partitions > 2
+    assert job.result["per_rank_details"] is False
+    assert all("ranks" not in step for step in job.result["steps"])
+    assert canonical(job.result) == canonical(whole_table_result(job))
+    assert any(step["summary"]["exposed_wait_ms_mean"] > 0 for step in job.result["steps"])
+
+
 def test_a_steps_run_of_an_empty_store_fails_like_the_whole_table(personas, settings):
     job = services.analysis_request(personas.workload, "steps", personas.alice).job
     job.refresh_from_db()

@@ -47,7 +47,7 @@ from comminsight.evidence import PROGRESS_OP
 from comminsight.evidence.schema import empty_table
 from comminsight.semantic.engine import summaries_frame
 from comminsight.semantic.matching import collective_instances, collective_waits, match_operations
-from comminsight.semantic.roles import infer_roles, role_rows
+from comminsight.semantic.roles import ROLES, infer_roles, role_rows
 from comminsight.semantic.steps import StepReport, agreement_from_counts, job_steps, label_counts, recover_steps
 
 HANG_TAIL_SEQS = 64  # completed sequences kept per (stream, rank) below its completion watermark
@@ -305,12 +305,91 @@ def steps_map(
     return StepsPart(report.rank_steps, report.methods_by_rank, counts)
 
 
-def steps_reduce(parts: Iterable[StepsPart]) -> StepReport:
-    """The ``StepReport`` of the whole table (without per-event arrays) from every partition's ``steps_map``."""
-    parts = list(parts)
-    methods = dict(sorted((r, m) for p in parts for r, m in p.methods.items()))
+def step_totals(rank_steps: pl.DataFrame) -> pl.DataFrame:
+    """Per step of ``rank_steps`` (one row per (rank, step)): first start, last end, ranks, their communication and
+    exposed waiting summed (ns, so sums are exact), and the slowest rank (longest step; the lowest of a tie).
+    Totals of disjoint sets of ranks merge exactly (``merge_step_totals``): the job's equal its partitions'."""
+    comm = [f"comm_{r}_ns" for r in ROLES if f"comm_{r}_ns" in rank_steps.columns]
+    duration = pl.col("end_ns") - pl.col("start_ns")
+    return rank_steps.group_by("step").agg(
+        start_ns=pl.col("start_ns").min(),
+        end_ns=pl.col("end_ns").max(),
+        ranks=pl.len().cast(pl.Int64),
+        comm_ns=pl.sum_horizontal(comm).sum().cast(pl.Int64) if comm else pl.lit(0, pl.Int64),
+        wait_ns=pl.col("wait_ns").sum().cast(pl.Int64),
+        slowest_ns=duration.max(),
+        slowest_rank=pl.col("rank").filter(duration == duration.max()).min().cast(pl.Int64),
+    )
+
+
+def merge_step_totals(frames: Iterable[pl.DataFrame]) -> pl.DataFrame:
+    """``step_totals`` of disjoint sets of ranks merged into their union's."""
+    present = [f for f in frames if f.height]
+    if not present:
+        return step_totals(summaries_frame([]))
+    slowest = pl.col("slowest_ns") == pl.col("slowest_ns").max()
+    return (
+        pl.concat(present, how="vertical_relaxed")
+        .group_by("step")
+        .agg(
+            start_ns=pl.col("start_ns").min(),
+            end_ns=pl.col("end_ns").max(),
+            ranks=pl.col("ranks").sum(),
+            comm_ns=pl.col("comm_ns").sum(),
+            wait_ns=pl.col("wait_ns").sum(),
+            slowest_ns=pl.col("slowest_ns").max(),
+            slowest_rank=pl.col("slowest_rank").filter(slowest).min(),
+        )
+    )
+
+
+def step_rows(totals: pl.DataFrame) -> list[dict[str, Any]]:
+    """The job's steps from their totals, in step order: span and a summary over ranks (what a steps page shows:
+    ranks, mean communication and exposed waiting per rank in ms, the slowest rank)."""
+    out = []
+    for row in totals.sort("step").iter_rows(named=True):
+        start, end, ranks = int(row["start_ns"]), int(row["end_ns"]), int(row["ranks"])
+        out.append(
+            {
+                "step": int(row["step"]),
+                "start_ns": start,
+                "end_ns": end,
+                "duration_ms": (end - start) / 1e6,
+                "summary": {
+                    "ranks": ranks,
+                    "comm_ms_mean": row["comm_ns"] / ranks / 1e6,
+                    "exposed_wait_ms_mean": row["wait_ns"] / ranks / 1e6,
+                    "slowest_rank": int(row["slowest_rank"]),
+                },
+            }
+        )
+    return out
+
+
+def steps_merge(parts: Iterable[StepsPart], per_rank: bool = True) -> tuple[StepReport, pl.DataFrame]:
+    """The whole table's ``StepReport`` (without per-event arrays) and ``step_totals`` from every partition's
+    ``steps_map``, taken one at a time. ``per_rank=False``: the report keeps no per-(rank, step) rows and no
+    per-rank step details (its ``rank_steps`` is empty, ``steps`` too), so the merge holds the totals (steps x
+    partitions rows) and each rank's method, never the job's (rank, step) rows."""
+    methods: dict[int, str] = {}
+    totals = merge_step_totals([])
+    frames: list[pl.DataFrame] = []
+    counts: pl.DataFrame | None = None
+    labelled = True
+    for part in parts:
+        methods.update(part.methods)
+        totals = merge_step_totals([totals, step_totals(part.rank_steps)])
+        if per_rank and part.rank_steps.height:
+            frames.append(part.rank_steps)
+        if part.label_counts is None:
+            labelled, counts = False, None
+        elif labelled:
+            merged = (
+                part.label_counts if counts is None else pl.concat([counts, part.label_counts], how="vertical_relaxed")
+            )
+            counts = merged.group_by("rec", "lab").agg(pl.col("len").sum())
+    methods = dict(sorted(methods.items()))
     method = Counter(methods.values()).most_common(1)[0][0] if methods else "none"
-    frames = [p.rank_steps for p in parts if p.rank_steps.height]
     rank_steps = pl.concat(frames, how="vertical_relaxed") if frames else summaries_frame([])
     rank_steps = rank_steps.sort("step", "rank")
     empty = np.zeros(0, np.int64)
@@ -318,10 +397,11 @@ def steps_reduce(parts: Iterable[StepsPart]) -> StepReport:
         method=method, methods_by_rank=methods, event_rows=empty, event_steps=empty, rank_steps=rank_steps
     )
     report.steps = job_steps(rank_steps)
-    counts = [p.label_counts for p in parts]
-    if counts and all(c is not None for c in counts):
-        merged = pl.concat([c for c in counts if c is not None], how="vertical_relaxed")
-        merged = merged.group_by("rec", "lab").agg(pl.col("len").sum())
-        if merged.height:  # the whole table: labelled and at least one event
-            report.agreement = agreement_from_counts(merged)
-    return report
+    if labelled and counts is not None and counts.height:  # the whole table: labelled and at least one event
+        report.agreement = agreement_from_counts(counts)
+    return report, totals
+
+
+def steps_reduce(parts: Iterable[StepsPart]) -> StepReport:
+    """The ``StepReport`` of the whole table (without per-event arrays) from every partition's ``steps_map``."""
+    return steps_merge(parts)[0]
