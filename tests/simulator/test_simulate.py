@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from comminsight.formats import header
-from comminsight.simulator.plan import Crash, Hang, SlowLink, Straggler
+from comminsight.simulator.plan import Crash, Hang, SlowLink, Straggler, config_from_dict
 from simulator.rawlogs import read_home, text
 
 pytestmark = pytest.mark.slow
@@ -208,6 +208,33 @@ def test_a_slow_link_makes_only_that_pairs_transfers_slower(simulate) -> None:
     fast = min(fastest_p2p(1), fastest_p2p(3))
     assert slow > 5 * fast
     assert result.ground_truth["faults"][0]["ranks"] == [0, 2]
+
+
+def test_a_slow_link_inside_a_tp_group_slows_that_groups_all_reduces_on_every_member(simulate) -> None:
+    # TP2 x DP2: the TP groups are (0, 1) and (2, 3); the link 0-1 is on tp0's ring (and mp0's, the same ranks).
+    result = simulate(layout="megatron", ranks=4, tp=2, pp=1, layers=1, faults=(SlowLink((0, 1), 20.0),))
+    logs = read_home(result.home)
+    comms = {c["name"]: c["comm_hash"] for c in result.ground_truth["communicators"]}
+
+    def fastest(rank: int, comm: str, func: str) -> int:
+        records = [
+            r
+            for r in logs[rank]["records"]
+            if f"{int(r['comm_hash']):#018x}" == comms[comm] and text(r["func"]) == func
+        ]
+        assert records, f"rank {rank} has no {func} on {comm}"
+        return min(int(r["gpu_end_ns"]) - int(r["gpu_start_ns"]) for r in records)
+
+    # The last member to arrive waits for nothing: its GPU time is the transfer alone, on every member.
+    slow = min(fastest(0, "tp0", "AllReduce"), fastest(1, "tp0", "AllReduce"))
+    fast = min(fastest(2, "tp1", "AllReduce"), fastest(3, "tp1", "AllReduce"))
+    assert slow > 5 * fast
+    dp0 = min(fastest(0, "dp0", "ReduceScatter"), fastest(2, "dp0", "ReduceScatter"))
+    dp1 = min(fastest(1, "dp1", "ReduceScatter"), fastest(3, "dp1", "ReduceScatter"))
+    assert dp0 < 2 * dp1  # the DP rings (0, 2) and (1, 3) do not cross the link
+    crossed = {c["comm_name"]: c["funcs"] for c in result.ground_truth["faults"][0]["crossed_by"]}
+    assert crossed == {"tp0": ["AllReduce"], "mp0": ["AllReduce"]}
+    assert config_from_dict(result.ground_truth["config"]).faults == (SlowLink((0, 1), 20.0),)  # reads back
 
 
 def test_on_hang_kill_ends_the_run_with_sigkill(simulate) -> None:

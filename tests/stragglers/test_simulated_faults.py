@@ -89,6 +89,48 @@ def test_a_slow_link_is_named_by_its_pair_with_its_cost(plugin: Path, tmp_path: 
     assert abs(estimated / injected - 1) <= 0.10, f"estimated x{estimated:.3f}, injected x{injected:.3f}"
 
 
+@pytest.mark.parametrize(
+    ("link", "factor", "crossing"),
+    [
+        # Stage 1's TP group (DP replica 0): its 8 all-reduces a step, ~18 us each, take ~3.7 ms.
+        ((4, 5), 200.0, {"tp2": ["AllReduce"], "mp0": ["AllReduce"]}),
+        # Stage 0's DP group (TP index 0): its parameter all-gather (~0.17 ms) and gradient
+        # reduce-scatter (~0.34 ms) a step take ~17 and ~34 ms.
+        ((0, 2), 100.0, {"dp0": ["AllGather", "ReduceScatter"]}),
+    ],
+    ids=["tp", "dp"],
+)
+def test_a_slow_link_inside_a_collective_is_named_by_its_ranks_with_its_cost(
+    plugin: Path, tmp_path: Path, link: tuple[int, int], factor: float, crossing: dict
+) -> None:
+    from comminsight.simulator import SimulationConfig, SlowLink
+
+    config = SimulationConfig(**MEGATRON, steps=8, step_ms=200.0, jitter=0.02, faults=(SlowLink(link, factor),))
+    table, truth = _run(config, plugin, tmp_path / "home")
+    # The simulator says which collectives cross the link: only the ring of the pair's own group
+    # (and, for the TP pair, the model-parallel group whose ring has them as neighbours).
+    assert {c["comm_name"]: c["funcs"] for c in truth["faults"][0]["crossed_by"]} == crossing
+    report = analyse_stragglers(table)
+    assert report.evidence == "ok"
+    assert sorted(report.culprits) == sorted(link)
+    assert sorted(report.culprit_groups[0]["ranks"]) == sorted(link)
+    assert report.culprit_groups[0]["communication_ratio"] > report.culprit_groups[0]["compute_ratio"]
+    injected = _modelled_slowdown(truth)
+    estimated = report.slowdown["without_culprits_ratio"]
+    assert abs(estimated / injected - 1) <= 0.10, f"estimated x{estimated:.3f}, injected x{injected:.3f}"
+
+
+def test_the_same_megatron_job_without_a_fault_names_nobody(plugin: Path, tmp_path: Path) -> None:
+    from comminsight.simulator import SimulationConfig
+
+    config = SimulationConfig(**MEGATRON, steps=8, step_ms=200.0, jitter=0.02)
+    table, _ = _run(config, plugin, tmp_path / "home")
+    report = analyse_stragglers(table)
+    assert report.evidence == "ok"
+    assert report.culprits == []
+    assert report.culprit_groups == []
+
+
 @pytest.mark.xfail(
     reason="the stage groups are there (coordinates inferred from the send/receive chains: pp=1 = ranks "
     "4-7, removing its slowness saves ~44 ms a step, x1.13 against the modelled x1.17), but pp=1 is not "

@@ -181,7 +181,12 @@ _FROM_STEP = typer.Option(0, "--from-step", min=0, help="Straggler/late: first s
 _STEP = typer.Option(1, "--step", min=0, help="Hang/crash: step in which the rank stops.")
 _OP_INDEX = typer.Option(0, "--op-index", min=0, help="Hang/crash: launch index within that step it never issues.")
 _LINK = typer.Option("0,1", "--link", help="Slow link: the two global ranks, A,B.")
-_FACTOR = typer.Option(5.0, "--slow-factor", help="Slow link: how many times slower its P2P transfers are.")
+_FACTOR = typer.Option(
+    5.0,
+    "--slow-factor",
+    help="Slow link: how many times slower the transfers crossing it are (Send/Recv between A and B, "
+    "and every collective whose ring has them as neighbours).",
+)
 _PAUSE = typer.Option(90.0, "--pause-s", min=0.0, help="Pause: seconds every rank pauses outside NCCL.")
 
 

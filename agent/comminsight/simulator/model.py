@@ -8,7 +8,9 @@ a phase first waits for the launches it consumes, launches are enqueued at once;
 runs its launches in order, a launch starts when the stream reaches it, every operation ends at its
 last member's arrival plus its transfer time, and the launch ends with its last operation. No
 machine noise, so a fault's cost is the modelled job with it over the modelled job without it.
-Stragglers, late ranks and slow links are modelled; a job that hangs, crashes or pauses is refused.
+Stragglers, late ranks and slow links are modelled (a slow link through the plan's transfer times,
+which the rank processes use too: Send/Recv across it and every collective whose ring crosses it);
+a job that hangs, crashes or pauses is refused.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ Every rank process and the parent build the same ``Plan`` from the same ``Simula
 - rendezvous points: every collective instance on a communicator and every Send/Recv pair is one
   rendezvous whose members all write their GPU arrival time to a shared board. A collective ends
   on every member at (last arrival + transfer time); the transfer time is fixed by the plan so that
-  all members compute the same end.
+  all members compute the same end (a slow link lengthens every transfer that crosses it: Send/Recv
+  between its ranks and every collective whose ring has them as neighbours).
 
 The builder checks that every rendezvous is complete and that the schedules cannot deadlock, so a
 bad layout fails here, not as a silent hang of N processes.
@@ -100,7 +101,9 @@ class Pause:
 
 @dataclass(frozen=True)
 class SlowLink:
-    """Point-to-point transfers between global ranks ``ranks[0]`` and ``ranks[1]`` take ``factor`` times longer."""
+    """The link between global ranks ``ranks[0]`` and ``ranks[1]`` (a bad NIC or cable) is ``factor`` times
+    slower: so is every transfer that crosses it, Send/Recv between the two and every collective whose
+    ring has them as neighbours (see ``link_pairs`` and ``_transfer_ns``)."""
 
     ranks: tuple[int, int]
     factor: float = 5.0
@@ -342,6 +345,7 @@ class Plan:
     transfer_ns: np.ndarray  # per rendezvous
     node_of_rank: tuple[int, ...]
     coordinates: tuple[dict[str, int], ...] = field(default_factory=tuple)
+    rendezvous_ops: tuple[Op, ...] = ()  # per rendezvous, the operation as its first member issues it
 
     def communicators_of(self, rank: int) -> list[Communicator]:
         """The communicators ``rank`` belongs to, in creation order."""
@@ -669,6 +673,29 @@ def check_deadlock_free(schedules: list[RankSchedule], members: list[tuple[int, 
         raise ValueError(f"layout bug: schedules deadlock (ranks {stuck[:8]} never finish)")
 
 
+def link_pairs(op: Op, members: tuple[int, ...]) -> set[frozenset[int]]:
+    """The links (pairs of global ranks) an operation's data crosses; ``members`` as its rendezvous has them.
+
+    Send/Recv: the pair. Collectives run on a ring in comm-rank order (NCCL's "Ring" algorithm, which
+    the plugin is told): AllReduce, AllGather and ReduceScatter use every hop of the closed ring;
+    Broadcast pipelines a chain that starts at the root, Reduce one that ends at it, so each leaves out
+    the one hop that would return to where it started.
+    """
+    n = len(members)
+    if op.is_p2p:
+        return {frozenset(members)}
+    if n < 2:
+        return set()
+    root = max(op.peer, 0)
+    if op.func == "Broadcast":
+        hops = [(root + k) % n for k in range(n - 1)]
+    elif op.func == "Reduce":
+        hops = [(root + k) % n for k in range(1, n)]
+    else:
+        hops = list(range(n))
+    return {frozenset((members[i], members[(i + 1) % n])) for i in hops}
+
+
 def _transfer_ns(config: SimulationConfig, op: Op, members: tuple[int, ...], nodes: tuple[int, ...]) -> int:
     n = len(members)
     payload = op.bytes
@@ -681,9 +708,14 @@ def _transfer_ns(config: SimulationConfig, op: Op, members: tuple[int, ...], nod
     spans_nodes = len({nodes[r] for r in members}) > 1
     gbps = config.inter_node_gbps if spans_nodes else config.intra_node_gbps
     ns = 8_000 + wire / gbps  # bytes / (GB/s) is ns; plus a fixed launch latency
-    for fault in config.faults:
-        if isinstance(fault, SlowLink) and op.is_p2p and set(fault.ranks) == set(members):
-            ns *= fault.factor
+    # A slow link: the alpha-beta cost of a ring collective is (steps) x (one step), and in each step
+    # every hop carries one chunk at once, so a step lasts as long as its slowest hop. A link F times
+    # slower (latency and bandwidth) makes every step, hence the whole transfer, F times longer; of
+    # several slow links on one ring the slowest sets the pace. Send/Recv cross their one link.
+    links = [f for f in config.faults if isinstance(f, SlowLink)]
+    if links:
+        crossed = link_pairs(op, members)
+        ns *= max([f.factor for f in links if frozenset(f.ranks) in crossed], default=1.0)
     return int(ns)
 
 
@@ -723,9 +755,12 @@ def build_plan(config: SimulationConfig, *, check: bool = True) -> Plan:
                     f"op index {fault.op_index} is out of range"
                 )
         if isinstance(fault, SlowLink) and not any(
-            op.is_p2p and set(fault.ranks) == set(m) for op, m in zip(first_op, members, strict=True)
+            frozenset(fault.ranks) in link_pairs(op, m) for op, m in zip(first_op, members, strict=True)
         ):
-            raise ValueError(f"slow link: ranks {fault.ranks[0]} and {fault.ranks[1]} never exchange P2P traffic")
+            raise ValueError(
+                f"slow link: no traffic crosses ranks {fault.ranks[0]} and {fault.ranks[1]} (no Send/Recv between "
+                "them, and no collective's ring has them as neighbours)"
+            )
     offsets = np.zeros(len(members) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(m) for m in members])
     transfer = np.array(
@@ -742,6 +777,7 @@ def build_plan(config: SimulationConfig, *, check: bool = True) -> Plan:
         transfer_ns=transfer.astype(np.int64),
         node_of_rank=node_of_rank,
         coordinates=tuple(coordinates),
+        rendezvous_ops=tuple(first_op),
     )
 
 

@@ -33,7 +33,10 @@ from comminsight.simulator.plan import (
     Launch,
     Plan,
     SimulationConfig,
+    SlowLink,
     build_plan,
+    config_to_dict,
+    link_pairs,
 )
 from comminsight.simulator.spec import EXIT_ABORTED, RankSpec, rank_environment
 
@@ -257,9 +260,29 @@ def _fault_json(plan: Plan, fault: Any) -> dict[str, Any]:
     data["type"] = fault.type
     if isinstance(fault, Hang | Crash):
         data["blocked_ops"] = _blocked_ops(plan, fault)
+    if isinstance(fault, SlowLink):
+        data["crossed_by"] = _crossed_by(plan, fault)
     if "ranks" in data:
         data["ranks"] = list(data["ranks"])
     return data
+
+
+def _crossed_by(plan: Plan, fault: SlowLink) -> list[dict[str, Any]]:
+    """The communicators whose traffic crosses the slow link, with the functions that cross it."""
+    funcs: dict[int, set[str]] = defaultdict(set)
+    link = frozenset(fault.ranks)
+    for op, members in zip(plan.rendezvous_ops, plan.rendezvous_members, strict=True):
+        if link in link_pairs(op, members):
+            funcs[op.comm].add(op.func)
+    return [
+        {
+            "comm_hash": f"{plan.communicators[c].comm_hash:#018x}",
+            "comm_name": plan.communicators[c].name,
+            "ranks": list(plan.communicators[c].ranks),
+            "funcs": sorted(funcs[c]),
+        }
+        for c in sorted(funcs)
+    ]
 
 
 def _blocked_ops(plan: Plan, fault: Hang | Crash) -> list[dict[str, Any]]:
@@ -372,8 +395,7 @@ def ground_truth(
                 "launches_completed": len(completions),
             }
         )
-    config_json = asdict(config)
-    config_json["faults"] = [_fault_json(plan, f) for f in config.faults]
+    faults = [_fault_json(plan, f) for f in config.faults]
     return {
         "schema_version": GROUND_TRUTH_SCHEMA,
         "kind": "comminsight.simulation",
@@ -386,7 +408,7 @@ def ground_truth(
         "started_ns": started_ns,
         "ended_ns": time.time_ns(),
         "ended_by": ended_by,
-        "config": config_json,
+        "config": config_to_dict(config),  # config_from_dict reads it back
         "communicators": [
             {
                 "index": c.index,
@@ -401,7 +423,7 @@ def ground_truth(
             for c in plan.communicators
         ],
         "ranks": ranks,
-        "faults": config_json["faults"],
+        "faults": faults,
         "steps": dict(steps),
         "operations": dict(ops),
     }
