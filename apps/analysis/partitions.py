@@ -94,6 +94,9 @@ def _run_prefix(job_id: int, attempt: int) -> str:
 class Partition:
     files: list[int]  # indices into the store listing, in its order
     comm_ids: list[str] | None = None  # perf: the communicators it holds (None: every row of the files)
+    # perf: a slice [from, to) of one communicator's sequence numbers (None: unbounded), ``comm_ids`` its one
+    # communicator; the first slice also holds its rows without a sequence number and its point-to-point rows
+    seq_range: list[int | None] | None = None
 
 
 # --- Planning --------------------------------------------------------------------------------------------------
@@ -127,29 +130,63 @@ def rank_partitions(files: list[str], max_rows: int) -> list[Partition]:
 
 def communicator_partitions(files: list[str], max_rows: int) -> list[Partition]:
     """Whole communicators packed up to ``max_rows`` rows; each partition lists only the files that hold its
-    communicators' rows (its members' ranks), found by one pass over the store's ``comm_id`` column, file by file."""
+    communicators' rows (its members' ranks), found by one pass over the store's ``comm_id`` and ``seq`` columns,
+    file by file. A communicator of more rows is cut into slices of sequence numbers (``seq_slices``), planned
+    from a second pass counting its rows per range of sequence numbers."""
+    from comminsight.analysis.partitioned import seq_bucket, seq_bucket_width, seq_slices
+
     counts: dict[str, int] = {}
+    spans: dict[str, tuple[int, int]] = {}
     holders: dict[str, set[int]] = {}
     dataset = object_store().dataset(files, schema=SCHEMA)
     for index, fragment in enumerate(dataset.get_fragments()):  # in the order of ``files``
-        for batch in fragment.to_batches(columns=["comm_id"], batch_size=1 << 20):
-            values = pc.value_counts(batch.column(0))
-            for value, count in zip(values.field(0).to_pylist(), values.field(1).to_pylist(), strict=True):
-                counts[value] = counts.get(value, 0) + count
-                holders.setdefault(value, set()).add(index)
+        for batch in fragment.to_batches(columns=["comm_id", "seq"], batch_size=1 << 20):
+            found = pl.from_arrow(batch)
+            assert isinstance(found, pl.DataFrame)
+            per_comm = found.group_by("comm_id").agg(pl.len(), low=pl.col("seq").min(), high=pl.col("seq").max())
+            for comm_id, count, low, high in per_comm.iter_rows():
+                counts[comm_id] = counts.get(comm_id, 0) + count
+                holders.setdefault(comm_id, set()).add(index)
+                if low is not None:
+                    known = spans.get(comm_id, (low, high))
+                    spans[comm_id] = (min(known[0], low), max(known[1], high))
+    large = sorted(c for c, n in counts.items() if n > max_rows)
+    widths = {c: seq_bucket_width(*spans.get(c, (0, 0))) for c in large}
+    rows: dict[str, dict[int, int]] = {c: {} for c in large}
+    if large:  # their rows per range of sequence numbers (second pass, over the files holding them)
+        holding = sorted(set().union(*(holders[c] for c in large)))
+        columns = ["comm_id", "seq", "is_p2p"]
+        where = pc.field("comm_id").isin(large)
+        for batch in (
+            object_store()
+            .dataset([files[i] for i in holding], schema=SCHEMA)
+            .to_batches(columns=columns, filter=where, batch_size=1 << 20)
+        ):
+            found = pl.from_arrow(batch)
+            assert isinstance(found, pl.DataFrame)
+            for (comm_id,), part in found.partition_by("comm_id", as_dict=True).items():
+                low = spans.get(comm_id, (0, 0))[0]
+                ranges = part.select(bucket=seq_bucket(low, widths[comm_id])).get_column("bucket").value_counts()
+                for bucket, count in ranges.iter_rows():
+                    rows[comm_id][bucket] = rows[comm_id].get(bucket, 0) + count
     partitions: list[Partition] = []
     current: list[str] = []
-    rows = 0
+    held = 0
 
     def close() -> None:
         partitions.append(Partition(sorted(set().union(*(holders[c] for c in current))), list(current)))
 
     for comm_id in sorted(counts):
-        if current and rows + counts[comm_id] > max_rows:
+        if comm_id in rows:  # a communicator in slices, each a partition of its own
+            low = spans.get(comm_id, (0, 0))[0]
+            for piece in seq_slices(rows[comm_id], low, widths[comm_id], max_rows):
+                partitions.append(Partition(sorted(holders[comm_id]), [comm_id], list(piece)))
+            continue
+        if current and held + counts[comm_id] > max_rows:
             close()
-            current, rows = [], 0
+            current, held = [], 0
         current.append(comm_id)
-        rows += counts[comm_id]
+        held += counts[comm_id]
     if current:
         close()
     return partitions
@@ -185,7 +222,7 @@ def partitioned_start(job: AnalysisJob, files: list[str], fingerprint: str) -> i
     plan = {
         "fingerprint": fingerprint,
         "files": files,
-        "partitions": [{"files": p.files, "comm_ids": p.comm_ids} for p in partitions],
+        "partitions": [{"files": p.files, "comm_ids": p.comm_ids, "seq_range": p.seq_range} for p in partitions],
     }
     store = object_store()
     store.delete_prefix(runs_prefix(job.pk))  # summaries of earlier attempts
@@ -241,7 +278,7 @@ def _rank_rows(job: AnalysisJob, files: list[str], attempt: int) -> pa.Table:
 def partition_map(job_id: int, attempt: int, index: int, stage: int = 1) -> bool:
     """Summarise partition ``index`` for ``stage`` of the job's run ``attempt`` into the object store; False:
     nothing to do (the run is over). Idempotent: a retry writes the same summary again."""
-    from comminsight.analysis.partitioned import hang_tail, perf_map
+    from comminsight.analysis.partitioned import hang_tail, perf_map, perf_slice_map
 
     job = _current(job_id, attempt)
     if job is None:
@@ -249,16 +286,24 @@ def partition_map(job_id: int, attempt: int, index: int, stage: int = 1) -> bool
     plan = _plan(job_id, attempt)
     spec = plan["partitions"][index]
     files, comm_ids = [plan["files"][i] for i in spec["files"]], spec["comm_ids"]
+    seq_range = spec.get("seq_range")
     prefix = f"{_run_prefix(job_id, attempt)}/part-{index:06d}"
     if job.kind == AnalysisKind.STEPS:
         _steps_map(job, attempt, index, stage, _rank_rows(job, files, attempt))
     elif job.kind == AnalysisKind.PERF:
-        # Whole communicators: their own rows say who holds each P2P peer.
-        table = resolve_peers(_read(files, comm_ids, [*PERF_COLUMNS, "comm_rank", PEER_IN_COMM])).select(PERF_COLUMNS)
-        summary = perf_map(table)
+        # Whole communicators (or a slice: its point-to-point rows are all in the first): their own rows say who
+        # holds each P2P peer.
+        columns = [*PERF_COLUMNS, "comm_rank", PEER_IN_COMM]
+        table = resolve_peers(_read(files, comm_ids, columns, seq_range)).select(PERF_COLUMNS)
+        if seq_range is None:
+            summary = perf_map(table)
+            names = ("groups", "samples")
+        else:  # a slice's medians are taken over every slice by the merge
+            summary = perf_slice_map(table)
+            names = ("values", "samples")
         if summary is not None:
-            _write_frame(f"{prefix}-groups.parquet", summary[0])
-            _write_frame(f"{prefix}-samples.parquet", summary[1])
+            _write_frame(f"{prefix}-{names[0]}.parquet", summary[0])
+            _write_frame(f"{prefix}-{names[1]}.parquet", summary[1])
     else:
         _write_frame(f"{prefix}-tail.parquet", hang_tail(_rank_rows(job, files, attempt)))
     AnalysisJob.objects.filter(pk=job_id, attempts=attempt).update(
@@ -267,13 +312,32 @@ def partition_map(job_id: int, attempt: int, index: int, stage: int = 1) -> bool
     return True
 
 
-def _read(files: list[str], comm_ids: list[str] | None, columns: list[str] | None) -> pa.Table:
-    """The decoder's stored rows of ``files`` (``peer_in_comm`` included; resolve_peers/finish map it)."""
+def _read(
+    files: list[str], comm_ids: list[str] | None, columns: list[str] | None, seq_range: list | None = None
+) -> pa.Table:
+    """The decoder's stored rows of ``files`` (``peer_in_comm`` included; resolve_peers/finish map it): of the
+    communicators ``comm_ids`` (None: all), of the slice ``seq_range`` of their sequence numbers (``Partition``)."""
     if not files:
         return ROWS_SCHEMA.empty_table() if columns is None else ROWS_SCHEMA.empty_table().select(columns)
     dataset = object_store().dataset(files, schema=ROWS_SCHEMA)
     where = pc.field("comm_id").isin(comm_ids) if comm_ids is not None else None
+    if seq_range is not None:
+        where = where & _slice_rows(*seq_range)
     return dataset.to_table(columns=columns, filter=where)
+
+
+def _slice_rows(start: int | None, end: int | None) -> pc.Expression:
+    """The rows of a slice of a communicator's sequence numbers, as ``seq_bucket`` places them (an Arrow dataset
+    filter: ``comminsight.analysis.partitioned.slice_rows`` says the same of a polars frame)."""
+    seq = pc.field("seq")
+    collective = ~pc.field("is_p2p") & seq.is_valid()
+    if start is not None:
+        collective = collective & (seq >= start)
+    if end is not None:
+        collective = collective & (seq < end)
+    if start is None:  # the first slice
+        return collective | pc.field("is_p2p") | seq.is_null()
+    return collective
 
 
 def _samples_by_rank(locations: list[str]) -> Iterator[pl.DataFrame]:
@@ -448,7 +512,7 @@ def _steps_reduce(job_id: int, attempt: int, count: int) -> dict[str, Any]:
 
 def partition_reduce(job_id: int, attempt: int) -> dict[str, Any] | None:
     """Merge the run's summaries into the job's report; None when the run is over (cancelled, failed, stale)."""
-    from comminsight.analysis.partitioned import hang_reduce, perf_reduce_by_rank
+    from comminsight.analysis.partitioned import hang_reduce, perf_reduce_by_rank, slice_groups
 
     job = _current(job_id, attempt)
     if job is None:
@@ -463,7 +527,10 @@ def partition_reduce(job_id: int, attempt: int) -> dict[str, Any] | None:
     if job.kind == AnalysisKind.PERF:
         done = [i for i in range(count) if store.location(f"{prefix}/part-{i:06d}-groups.parquet") in present]
         groups = [_read_frame(f"{prefix}/part-{i:06d}-groups.parquet") for i in done]
-        samples = [store.location(f"{prefix}/part-{i:06d}-samples.parquet") for i in done]
+        sliced = [i for i in range(count) if store.location(f"{prefix}/part-{i:06d}-values.parquet") in present]
+        merged = slice_groups(len(sliced), lambda k: _read_frame(f"{prefix}/part-{sliced[k]:06d}-values.parquet"))
+        groups += [merged] if merged is not None else []
+        samples = [store.location(f"{prefix}/part-{i:06d}-samples.parquet") for i in sorted(done + sliced)]
         return perf_reduce_by_rank(groups, _samples_by_rank(samples), slow_fraction=params["slow_fraction"])
     tails = [_read_frame(f"{prefix}/part-{i:06d}-tail.parquet") for i in range(count)]
     merged = pa.concat_tables([t.to_arrow().cast(SCHEMA) for t in tails if t.height] or [SCHEMA.empty_table()])

@@ -20,9 +20,16 @@ from comminsight.analysis.partitioned import (
     hang_reduce,
     hang_tail,
     merge_step_totals,
+    nearest_index,
     perf_map,
     perf_reduce,
     perf_reduce_by_rank,
+    perf_slice_map,
+    seq_bucket,
+    seq_bucket_width,
+    seq_slices,
+    slice_groups,
+    slice_rows,
     step_rows,
     step_totals,
     steps_evidence,
@@ -262,3 +269,87 @@ def test_the_slowest_rank_of_a_tie_is_the_lowest_whichever_partition_holds_it():
     assert merged["summary"]["slowest_rank"] == 2  # ranks 5 and 2 both took 30 ns
     assert merged == step_rows(step_totals(frame))[0]
     assert merged["summary"]["exposed_wait_ms_mean"] == pytest.approx(2e-6)
+
+
+def comm_slices(df: pl.DataFrame, max_rows: int) -> tuple[list[pl.DataFrame], list[pl.DataFrame]]:
+    """(partitions of whole communicators, slices of the larger ones), planned as the site plans them."""
+    whole, slices = [], []
+    for _, rows in sorted(df.partition_by("comm_id", as_dict=True).items()):
+        if rows.height <= max_rows:
+            whole.append(rows)
+            continue
+        low, high = rows.get_column("seq").min(), rows.get_column("seq").max()
+        width = seq_bucket_width(low or 0, high or 0)
+        counts = rows.select(b=seq_bucket(low or 0, width)).get_column("b").value_counts()
+        for start, end in seq_slices(dict(counts.iter_rows()), low or 0, width, max_rows):
+            slices.append(rows.filter(slice_rows(start, end)))
+    return whole, slices
+
+
+@pytest.mark.parametrize(
+    ("layout", "options"),
+    [
+        ("ddp", {"slow": {2: 2.0}, "seed": 1}),
+        ("megatron", {"slow_comms": {"tp.d1p1": 4.0}}),
+        ("megatron", {"slow_comms": {"pp.d1t1": 5.0}}),
+        ("fsdp", {"seed": 3}),
+    ],
+)
+@pytest.mark.parametrize("max_rows", [20, 60])
+def test_the_perf_report_with_communicators_cut_into_slices_equals_the_whole_tables(
+    layout, options, max_rows, monkeypatch
+):
+    import comminsight.analysis.partitioned as partitioned
+
+    # Tiny windows: the exact selection narrows by samples for several rounds before it sorts a window.
+    monkeypatch.setattr(partitioned, "SELECT_LIMIT", 4)
+    monkeypatch.setattr(partitioned, "SELECT_SAMPLE", 3)
+    df = pl.from_arrow(synthetic.table(layout, **options))
+    assert isinstance(df, pl.DataFrame)
+    whole, slices = comm_slices(df, max_rows)
+    assert slices
+    assert sum(s.height for s in slices) + sum(w.height for w in whole) == df.height  # every row, once
+    # A communicator's point-to-point rows stay together (pairing needs them all); its collectives are cut.
+    assert all(s.height <= max_rows for s in slices if not s.get_column("is_p2p").any())
+    maps = [m for m in map(perf_map, whole) if m is not None]
+    cut = [m for m in map(perf_slice_map, slices) if m is not None]
+    values = [v for v, _ in cut]
+    groups = [g for g, _ in maps] + [slice_groups(len(values), values.__getitem__)]
+    samples = pl.concat([s for _, s in maps] + [s for _, s in cut])
+    assert canonical(perf_reduce_by_rank(groups, [samples])) == canonical(analyse_perf(df))
+
+
+def test_sliced_medians_and_tenth_percentiles_are_polars_own_on_ties_and_uneven_slices(monkeypatch):
+    import comminsight.analysis.partitioned as partitioned
+    from comminsight.analysis.perf import GROUP_KEYS, bandwidth_groups
+
+    monkeypatch.setattr(partitioned, "SELECT_LIMIT", 50)
+    monkeypatch.setattr(partitioned, "SELECT_SAMPLE", 7)
+    monkeypatch.setattr(partitioned, "SELECT_BUDGET", 300)  # several batches of selections
+    rng = np.random.default_rng(12)
+    for trial in range(20):
+        n = int(rng.integers(1, 4000))
+        values = pl.DataFrame(
+            {
+                "comm_id": rng.choice(["world", "dp"], n),
+                "op": rng.choice(["all_reduce", "all_gather"], n),
+                "bucket": rng.integers(10, 13, n),
+                "n": np.full(n, 8, np.int32),
+                "bytes": rng.choice([1024, 3000, 4096], n).astype(np.int64),  # few distinct values: long ties
+                "algbw": np.round(rng.random(n) * 10, trial % 3),
+                "busbw": rng.lognormal(0, 1, n) if trial % 2 else rng.integers(0, 4, n).astype(float),
+                "transfer_ns": rng.integers(1, 100, n).astype(np.int64),
+            }
+        )
+        cuts = np.sort(rng.integers(0, n, int(rng.integers(0, 6))))
+        slices = [values[a:b] for a, b in zip([0, *cuts], [*cuts, n], strict=True)]
+        merged = slice_groups(len(slices), slices.__getitem__)
+        assert merged is not None
+        expected = bandwidth_groups(values).sort(GROUP_KEYS).cast({"samples": pl.Int64})
+        assert merged.sort(GROUP_KEYS).cast({"samples": pl.Int64}).equals(expected)
+
+
+def test_the_nearest_quantile_position_is_the_one_polars_takes():
+    for n in range(1, 2000):
+        series = pl.Series(np.arange(n, dtype=np.float64))
+        assert series.quantile(0.1, "nearest") == nearest_index(n, 0.1)

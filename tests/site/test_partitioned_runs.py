@@ -89,6 +89,29 @@ def test_a_partitioned_run_stores_the_whole_table_result(
     assert object_store().list(f"analysis-runs/job-{job.pk}") == []
 
 
+def test_a_communicator_larger_than_a_partition_is_cut_into_slices_with_the_whole_tables_perf_result(
+    each_storage_backend, personas, settings, tmp_path
+):
+    from apps.analysis.partitions import plan_partitions
+
+    settings.ANALYSIS_PARTITION_ROWS = 60  # a tensor-parallel group's 144 rows: three slices or more
+    table = megatron_table()
+    put_store(personas.workload.pk, table, tmp_path)
+    plan = plan_partitions("perf", workload_parquet_files(personas.workload))
+    rows = pl.from_arrow(table.select(["comm_id"])).get_column("comm_id").value_counts()
+    large = {comm for comm, n in rows.iter_rows() if n > 60}
+    sliced = [p.comm_ids[0] for p in plan if p.seq_range is not None]
+    assert set(sliced) == large
+    assert all(sliced.count(comm) >= 3 for comm in large if comm.startswith("tp"))  # collectives: cut by sequence
+    job = services.analysis_request(personas.workload, "perf", personas.alice).job
+    job.refresh_from_db()
+    assert job.state == JobState.DONE, job.error
+    assert job.partitions == len(plan)
+    assert canonical(job.result) == canonical(whole_table_result(job))
+    assert job.result["slow_communicators"]  # the slow tensor-parallel group is still found
+    assert object_store().list(f"analysis-runs/job-{job.pk}") == []
+
+
 def test_the_hung_rank_is_found_by_the_partitioned_run(personas, settings, tmp_path):
     settings.ANALYSIS_PARTITION_ROWS = 1  # one rank per partition
     put_store(personas.workload.pk, hung_table(ranks=8, stuck_rank=5), tmp_path)

@@ -32,6 +32,7 @@ the reduce holds summaries, not the job's rows.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -42,7 +43,18 @@ import polars as pl
 import pyarrow as pa
 
 from comminsight.analysis.hang import analyze_hang
-from comminsight.analysis.perf import NO_PAYLOAD, bandwidth_groups, perf_report, rank_samples, transfers
+from comminsight.analysis.perf import (
+    GROUP_KEYS,
+    GROUP_MEDIANS,
+    NO_PAYLOAD,
+    P10,
+    bandwidth_groups,
+    group_medians,
+    group_p10,
+    perf_report,
+    rank_samples,
+    transfers,
+)
 from comminsight.evidence import PROGRESS_OP
 from comminsight.evidence.schema import empty_table
 from comminsight.semantic.engine import summaries_frame
@@ -176,6 +188,223 @@ def perf_reduce_by_rank(
     if not frames:  # no partition had an operation with a payload
         return dict(NO_PAYLOAD)
     return perf_report(pl.concat(frames, how="vertical_relaxed"), sample_chunks, slow_fraction, min_samples)
+
+
+# --- perf: a communicator too large for one partition, in slices -------------------------------------------------
+
+SLICE_VALUES = [*GROUP_KEYS, "bytes", "algbw", "busbw", "transfer_ns"]
+SELECT_LIMIT = 200_000  # window values at which a selection stops narrowing and takes its value exactly
+SELECT_SAMPLE = 4096  # values sampled from a larger window to narrow it
+SELECT_BUDGET = 4_000_000  # values collected at most in one batch of selections (several batches read again)
+
+
+SEQ_BUCKETS = 1024  # a large communicator's sequence numbers are counted in this many ranges to plan its slices
+
+
+def seq_bucket_width(low: int, high: int) -> int:
+    """The width of the ranges a communicator's sequence numbers ``low`` .. ``high`` are counted in."""
+    return max(1, -(-(high - low + 1) // SEQ_BUCKETS))
+
+
+def seq_bucket(low: int, width: int) -> pl.Expr:
+    """A row's range of sequence numbers (-1: a point-to-point row or one without a sequence number, which
+    the first slice holds: pairing sends with receives needs every one of the communicator's)."""
+    return (
+        pl.when(pl.col("is_p2p") | pl.col("seq").is_null())
+        .then(pl.lit(-1, pl.Int64))
+        .otherwise((pl.col("seq") - low) // width)
+    )
+
+
+def slice_rows(start: int | None, end: int | None) -> pl.Expr:
+    """A communicator's rows in its slice [start, end) of sequence numbers, as ``seq_bucket`` places them."""
+    collective = ~pl.col("is_p2p") & pl.col("seq").is_not_null()
+    if start is not None:
+        collective = collective & (pl.col("seq") >= start)
+    if end is not None:
+        collective = collective & (pl.col("seq") < end)
+    if start is None:  # the first slice
+        return collective | pl.col("is_p2p") | pl.col("seq").is_null()
+    return collective
+
+
+def seq_slices(rows: dict[int, int], low: int, width: int, max_rows: int) -> list[tuple[int | None, int | None]]:
+    """A communicator's slices, [from, to) of sequence numbers (None: unbounded), from its rows per ``seq_bucket``:
+    consecutive ranges up to ``max_rows`` rows each (one range alone when larger; an instance of a collective,
+    one sequence number, is never cut)."""
+    groups: list[list[int]] = []
+    held = 0
+    for bucket in sorted(rows):
+        if groups and held + rows[bucket] > max_rows:
+            groups.append([])
+            held = 0
+        if not groups:
+            groups.append([])
+        groups[-1].append(bucket)
+        held += rows[bucket]
+    cuts = [low + group[0] * width for group in groups[1:]]  # a slice ends where the next one starts
+    return list(zip([None, *cuts], [*cuts, None], strict=True))
+
+
+def perf_slice_map(table: pa.Table | pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+    """(per-transfer values, per-transfer samples) of a *slice* of one communicator: every member's rows of its
+    collectives of a range of sequence numbers (an instance's rows are all in one slice, so each transfer is
+    measured as on the whole table), the first slice also holding its point-to-point rows and rows without a
+    sequence number. Medians over slices are taken by ``slice_groups``; None: no operation with a payload."""
+    ev = transfers(table)
+    if ev is None:
+        return None
+    return ev.select(SLICE_VALUES), rank_samples(ev)
+
+
+def nearest_index(n: int, q: float) -> int:
+    """The position (0-based, sorted) of the value polars' default ("nearest") quantile ``q`` of ``n`` values is:
+    (n - 1) x q rounded half away from zero."""
+    x = (n - 1) * q
+    whole = math.floor(x)
+    return whole + (1 if x - whole >= 0.5 else 0)
+
+
+@dataclass
+class _Selection:
+    """Finding the value at sorted position ``position`` of one group's column over every slice. It lies strictly
+    between ``lo`` and ``hi`` (None: unbounded), where ``below`` values are <= lo and ``inside`` values are in the
+    window; ``pivots``: window values whose exact counts the next pass takes."""
+
+    group: tuple
+    column: str
+    position: int
+    inside: int
+    lo: Any = None
+    hi: Any = None
+    below: int = 0
+    pivots: np.ndarray | None = None
+    value: Any = None
+    done: bool = False
+
+
+def _window(values: np.ndarray, sel: _Selection) -> tuple[int, np.ndarray]:
+    """(how many of the sorted ``values`` are <= sel.lo, those strictly between sel.lo and sel.hi)."""
+    a = 0 if sel.lo is None else int(np.searchsorted(values, sel.lo, "right"))
+    b = len(values) if sel.hi is None else int(np.searchsorted(values, sel.hi, "left"))
+    return a, values[a:b]
+
+
+def _select(batch: list[_Selection], count: int, load: Callable[[int], pl.DataFrame]) -> None:
+    """Find the values of ``batch`` exactly, reading the slices one at a time per pass. A window of at most
+    SELECT_LIMIT values is collected and sorted; a larger one is sampled (about SELECT_SAMPLE values, evenly by
+    rank within each slice), and the next pass counts exactly how many values lie below and at each sample: the
+    value is a sample, or the window shrinks to the values between two neighbouring samples."""
+    for _ in range(128):  # each sample-and-count round shrinks a window ~SELECT_SAMPLE times: a few rounds do
+        open_ = [s for s in batch if not s.done]
+        if not open_:
+            return
+        by_column: dict[tuple, dict[str, list[_Selection]]] = {}
+        for sel in open_:
+            by_column.setdefault(sel.group, {}).setdefault(sel.column, []).append(sel)
+        found: dict[int, list[np.ndarray]] = {id(s): [] for s in open_}
+        less = {id(s): np.zeros(len(s.pivots), np.int64) for s in open_ if s.pivots is not None}
+        upto = {id(s): np.zeros(len(s.pivots), np.int64) for s in open_ if s.pivots is not None}
+        for i in range(count):
+            frame = load(i)
+            for group, part in frame.partition_by(GROUP_KEYS, as_dict=True).items():
+                for column, selections in by_column.get(group, {}).items():
+                    values = np.sort(part.get_column(column).to_numpy())
+                    for sel in selections:
+                        if sel.inside <= SELECT_LIMIT:  # collect the window
+                            found[id(sel)].append(_window(values, sel)[1])
+                        elif sel.pivots is None:  # sample it
+                            window = _window(values, sel)[1]
+                            found[id(sel)].append(window[:: -(-sel.inside // SELECT_SAMPLE)])
+                        else:  # count values below and at each pivot
+                            less[id(sel)] += np.searchsorted(values, sel.pivots, "left")
+                            upto[id(sel)] += np.searchsorted(values, sel.pivots, "right")
+            del frame
+        for sel in open_:
+            if sel.inside <= SELECT_LIMIT:
+                window = np.sort(np.concatenate(found[id(sel)]))
+                sel.value, sel.done = window[sel.position - sel.below].item(), True
+            elif sel.pivots is None:
+                sel.pivots = np.unique(np.concatenate(found[id(sel)]))
+            else:
+                _narrow(sel, less[id(sel)], upto[id(sel)])
+    raise RuntimeError("perf: the selection of a sliced communicator's medians did not settle")
+
+
+def _narrow(sel: _Selection, less: np.ndarray, upto: np.ndarray) -> None:
+    """With exact counts of the values below (``less``) and at or below (``upto``) each pivot: the pivot whose
+    run of equal values holds ``position`` is the value; else the window becomes the values between the two
+    pivots around it."""
+    assert sel.pivots is not None
+    pivots, sel.pivots = sel.pivots, None
+    at = np.flatnonzero((less <= sel.position) & (sel.position < upto))
+    if at.size:
+        sel.value, sel.done = pivots[at[0]].item(), True
+        return
+    j = int(np.searchsorted(less, sel.position, "right"))  # first pivot with more than ``position`` values below
+    end = sel.below + sel.inside  # values <= the window's top
+    if j < len(pivots):
+        sel.hi, end = pivots[j], int(less[j])
+    if j > 0:
+        sel.lo, sel.below = pivots[j - 1], int(upto[j - 1])
+    sel.inside = end - sel.below
+
+
+def slice_groups(count: int, load: Callable[[int], pl.DataFrame]) -> pl.DataFrame | None:
+    """``bandwidth_groups`` of the sliced communicators from their slices' ``perf_slice_map`` values (``load(i)``:
+    slice i's), exactly as over their whole rows, holding one slice at a time: the groups' sizes are counted, then
+    the values at the positions polars' median and quantile read are found by a counting selection (windows
+    narrowed by samples until small, then sorted), and polars' own median and quantile of those values give the
+    figures (a median of the one or two middle values, a "nearest" quantile of the one value it takes). None: no
+    slice had a transfer."""
+    sizes, schema = [], None
+    for i in range(count):
+        values = load(i)
+        schema = values.select(SLICE_VALUES).schema
+        sizes.append(values.group_by(GROUP_KEYS).agg(samples=pl.len().cast(pl.Int64)))
+        del values
+    present = [f for f in sizes if f.height]
+    if not present or schema is None:
+        return None
+    counts = pl.concat(present, how="vertical_relaxed").group_by(GROUP_KEYS).agg(pl.col("samples").sum())
+    size = {tuple(row[:-1]): int(row[-1]) for row in counts.iter_rows()}
+    middles = {group: sorted({(n - 1) // 2, n // 2}) for group, n in size.items()}
+    selections: list[_Selection] = []
+    for group, n in size.items():
+        for column in GROUP_MEDIANS.values():
+            selections += [_Selection(group, column, k, n) for k in middles[group]]
+        selections.append(_Selection(group, "busbw", nearest_index(n, P10), n))
+    batch: list[_Selection] = []
+    held = 0
+    for sel in selections:  # batches whose collected windows stay within SELECT_BUDGET values
+        cost = min(size[sel.group], SELECT_LIMIT)
+        if batch and held + cost > SELECT_BUDGET:
+            _select(batch, count, load)
+            batch, held = [], 0
+        batch.append(sel)
+        held += cost
+    _select(batch, count, load)
+    found = {(s.group, s.column, s.position): s.value for s in selections}
+    middle = pl.DataFrame(
+        [
+            (*group, *(found[(group, column, k)] for column in GROUP_MEDIANS.values()))
+            for group, ks in middles.items()
+            for k in ks
+        ],
+        schema={c: schema[c] for c in [*GROUP_KEYS, *GROUP_MEDIANS.values()]},
+        orient="row",
+    )
+    tenth = pl.DataFrame(
+        [(*group, found[(group, "busbw", nearest_index(n, P10))]) for group, n in size.items()],
+        schema={c: schema[c] for c in [*GROUP_KEYS, "busbw"]},
+        orient="row",
+    )
+    return (
+        counts.cast({c: schema[c] for c in GROUP_KEYS})
+        .join(middle.group_by(GROUP_KEYS).agg(**group_medians()), on=GROUP_KEYS)
+        .join(tenth.group_by(GROUP_KEYS).agg(busbw_p10_gbs=group_p10()), on=GROUP_KEYS)
+        .select(*GROUP_KEYS, "samples", "bytes", "algbw_gbs", "busbw_gbs", "busbw_p10_gbs", "transfer_us")
+    )
 
 
 # --- steps: two stages over whole ranks -----------------------------------------------------------------------

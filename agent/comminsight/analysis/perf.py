@@ -69,15 +69,35 @@ def transfers(table: pa.Table | pl.DataFrame) -> pl.DataFrame | None:
     return ev.with_columns(busbw=pl.col("algbw") * pl.col("factor"))
 
 
+GROUP_KEYS = ["comm_id", "op", "bucket", "n"]
+GROUP_MEDIANS = {"bytes": "bytes", "algbw_gbs": "algbw", "busbw_gbs": "busbw", "transfer_us": "transfer_ns"}
+P10 = 0.1  # busbw_p10_gbs: polars' "nearest" quantile, one of the group's own values
+
+
+def group_medians() -> dict[str, pl.Expr]:
+    """The group figures that are medians (output column: expression over the transfers' column)."""
+    return {
+        "bytes": pl.col("bytes").median(),
+        "algbw_gbs": pl.col("algbw").median(),
+        "busbw_gbs": pl.col("busbw").median(),
+        "transfer_us": pl.col("transfer_ns").median() / 1e3,
+    }
+
+
+def group_p10() -> pl.Expr:
+    return pl.col("busbw").quantile(P10)
+
+
 def bandwidth_groups(ev: pl.DataFrame) -> pl.DataFrame:
     """Per (communicator, op, size bucket, n): samples and medians (exact for whole communicators)."""
-    return ev.group_by("comm_id", "op", "bucket", "n").agg(
+    medians = group_medians()
+    return ev.group_by(*GROUP_KEYS).agg(
         samples=pl.len(),
-        bytes=pl.col("bytes").median(),
-        algbw_gbs=pl.col("algbw").median(),
-        busbw_gbs=pl.col("busbw").median(),
-        busbw_p10_gbs=pl.col("busbw").quantile(0.1),
-        transfer_us=pl.col("transfer_ns").median() / 1e3,
+        bytes=medians["bytes"],
+        algbw_gbs=medians["algbw_gbs"],
+        busbw_gbs=medians["busbw_gbs"],
+        busbw_p10_gbs=group_p10(),
+        transfer_us=medians["transfer_us"],
     )
 
 
