@@ -39,14 +39,30 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from comminsight.analysis.replay import replay as _replay
+from comminsight.analysis.replay import run as _run
+from comminsight.analysis.replay import step_times as _step_times
+from comminsight.analysis.replay import step_windows
 from comminsight.semantic.matching import match_operations
 from comminsight.semantic.roles import infer_coordinates, infer_roles
 
 COORDS = ("dp_rank", "pp_rank", "tp_rank", "cp_rank")
 NOISE_MULTIPLE = 3.0  # a culprit saves at least this many times the typical rank's saving
-REPLAY_BUDGET = 64 << 20  # bytes of event x scenario arrays per replay chunk
 NOISE_SAMPLE = 24  # single ranks replayed again in later culprit rounds, for the noise bar
 TEMPORAL_SE = 2.0  # a rank set's median excess must exceed this many robust standard errors over steps
+REPLAY_COLUMNS = (
+    "row",
+    "rank",
+    "_step",
+    "op",
+    "is_p2p",
+    "start_ns",
+    "end_ns",
+    "enqueue_ns",
+    "bytes",
+    "comm_id",
+    "comm_name",
+)
 WAIT_CLOCK_SLACK_NS = 50_000  # CPU issue times and GPU end times come from different clocks
 
 
@@ -105,8 +121,10 @@ def _with_steps(df: pl.DataFrame, use_labels: bool) -> tuple[pl.DataFrame, str]:
 
 
 def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
-    ev = df.join(matches.select("row", "group", "is_p2p", "last_arrival_ns", "partner_row"), on="row", how="left")
-    ev = ev.filter(pl.col("_step") >= 0)
+    # Only the columns the replay reads: the table's other columns (lists of members, names) would be
+    # carried through every join and sort below.
+    ev = df.select(*REPLAY_COLUMNS).filter(pl.col("_step") >= 0)
+    ev = ev.join(matches.select("row", "group", "last_arrival_ns", "partner_row"), on="row", how="left")
     # Host-issue model when every communication event says when the host enqueued it (profiler
     # evidence); compute rows are then step annotations, not work, and are left out.
     comm = ev.filter(pl.col("op") != "compute")
@@ -273,8 +291,7 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     arrays["step_ids"] = st[order][cuts]
     arrays["step_index"] = np.searchsorted(arrays["step_ids"], st)
     arrays["step_begin"] = np.minimum.reduceat(step_start[order], cuts) if n else np.zeros(0)
-    arrays["plan"] = _levels(arrays) if n else None
-    arrays["first_events"] = np.flatnonzero(prev < 0)
+    arrays["plan"] = step_windows(arrays) if n else None
     return ev, arrays
 
 
@@ -310,216 +327,6 @@ def _host_waits(
     waits = np.zeros(int(place.max()) + 1, dtype=bool)
     waits[votes.get_column("place").to_numpy()] = votes.get_column("waits").to_numpy()
     return has_prev & waits[place] & (q >= prev_end)
-
-
-def _levels(arrays: dict[str, np.ndarray]) -> list[tuple[np.ndarray, ...]] | None:
-    """Evaluation plan of the dependency graph, level by level; None when it has a cycle.
-
-    Per event: its arrival needs the completion of the previous operation on its rank (level of
-    that batch + 1); a group (collective, or a send with its receive) is ready once its members
-    have arrived; a batch (operations posted together) completes once its groups are ready.
-    Levels are found inside each step first (all steps at once: a step's chain is short), then
-    the steps are laid end to end and the few constraints that cross a boundary (a rank's first
-    operation after its previous step's last; a group whose members fell in two steps) are
-    settled by relaxation.
-    """
-    prev, group, batch = arrays["prev"], arrays["group_dense"], arrays["batch"]
-    n = prev.size
-    n_groups, n_batches = int(group.max()) + 1, int(batch.max()) + 1
-    safe_prev = np.maximum(prev, 0)
-    inside = (prev >= 0) & (arrays["step"][safe_prev] == arrays["step"])
-    step_index = np.unique(arrays["step"], return_inverse=True)[1]
-    batch_step = np.zeros(n_batches, np.int64)
-    batch_step[batch] = step_index
-
-    def settle(
-        first: np.ndarray, lv_a: np.ndarray, lv_b: np.ndarray, rounds: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        for _ in range(rounds):
-            lv_a = np.where(first, lv_a, np.maximum(lv_a, lv_b[batch[safe_prev]] + 1))
-            lv_g = np.zeros(n_groups, np.int64)
-            np.maximum.at(lv_g, group, lv_a)
-            new = lv_b.copy()
-            np.maximum.at(new, batch, lv_g[group])
-            if np.array_equal(new, lv_b):
-                return lv_a, lv_g, lv_b
-            lv_b = new
-        return None
-
-    got = settle(~inside, np.zeros(n, np.int64), np.zeros(n_batches, np.int64), int(arrays["max_chain"]) + 16)
-    if got is None:
-        return None  # matching errors formed a cycle
-    lv_a, _, lv_b = got
-    span = np.zeros(int(step_index.max(initial=0)) + 1, np.int64)
-    np.maximum.at(span, batch_step, lv_b + 1)
-    offset = np.r_[0, np.cumsum(span)[:-1]]
-    got = settle(prev < 0, lv_a + offset[step_index], lv_b + offset[batch_step], int(arrays["max_chain_all"]) + 16)
-    if got is None:
-        return None
-    lv_a, lv_g, lv_b = got
-    first = prev < 0
-    n_levels = int(lv_b.max(initial=0)) + 1
-    idx = np.arange(n)
-    order_a = np.argsort(lv_a, kind="stable")
-    cut_a = np.searchsorted(lv_a[order_a], np.arange(n_levels + 1))
-
-    def segments(owner: np.ndarray, level_of_owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        order = np.lexsort((owner, level_of_owner[owner]))
-        return order, np.searchsorted(level_of_owner[owner][order], np.arange(n_levels + 1))
-
-    order_g, cut_g = segments(group, lv_g)
-    order_b, cut_b = segments(batch, lv_b)
-    # Events alone in their group and their batch (compute, local operations): their batch ends
-    # at their arrival plus their work, with no reduction; the fast plan handles them apart.
-    alone = (np.bincount(group, minlength=n_groups)[group] == 1) & (np.bincount(batch, minlength=n_batches)[batch] == 1)
-    shifted = arrays["shift"] != 0
-    plan = []
-    for lv in range(n_levels):
-        ia = order_a[cut_a[lv] : cut_a[lv + 1]]
-        gm = order_g[cut_g[lv] : cut_g[lv + 1]]
-        bm = order_b[cut_b[lv] : cut_b[lv + 1]]
-        g_seg = np.flatnonzero(np.r_[True, group[gm][1:] != group[gm][:-1]]) if gm.size else idx[:0]
-        b_seg = np.flatnonzero(np.r_[True, batch[bm][1:] != batch[bm][:-1]]) if bm.size else idx[:0]
-        step = (ia, gm, g_seg, group[gm][g_seg], bm, b_seg, batch[bm][b_seg])
-        # Fast plan: a rank's first operation starts from its observed start; any other arrival
-        # follows the end of the previous operation's batch (moved into its step's frame when
-        # that operation belongs to an earlier step).
-        starts, follows = ia[first[ia]], ia[~first[ia]]
-        moved = np.flatnonzero(shifted[follows])
-        solo, gm2, bm2 = ia[alone[ia]], gm[~alone[gm]], bm[~alone[bm]]
-        g2 = np.flatnonzero(np.r_[True, group[gm2][1:] != group[gm2][:-1]]) if gm2.size else idx[:0]
-        b2 = np.flatnonzero(np.r_[True, batch[bm2][1:] != batch[bm2][:-1]]) if bm2.size else idx[:0]
-        fast = (
-            starts,
-            follows,
-            batch[safe_prev[follows]],
-            moved,
-            follows[moved],
-            solo,
-            batch[solo],
-            gm2,
-            g2,
-            group[gm2][g2],
-            bm2,
-            b2,
-            batch[bm2][b2],
-        )
-        plan.append((step, fast))
-    return plan
-
-
-def _replay(arrays: dict[str, np.ndarray], gap: np.ndarray, work: np.ndarray, start: np.ndarray) -> np.ndarray:
-    """End time of every event in each scenario (rows of ``gap``, ``work``, ``start``), all steps at once.
-
-    Times are relative to each event's step frame (its step's begin); ``start`` is read only for
-    a rank's first operation. The host issues an operation a gap after issuing the previous one,
-    or after the previous one completed when it waited for it; the device starts it once issued
-    (plus the launch delay) and once the previous operation on the rank has ended; a group
-    completes its last member's arrival plus its transfer; a batch completes with its slowest
-    member. Max-plus: shorter durations never give a later end.
-    """
-    prev, group, batch = arrays["prev"], arrays["group_dense"], arrays["batch"]
-    first, safe_prev = prev < 0, np.maximum(prev, 0)
-    sync, launch, shift = arrays["sync"], arrays["launch"], arrays["shift"]
-    c = gap.shape[0]
-    plan = arrays["plan"]
-    if plan is None:
-        # A cycle (matching errors): iterate from below, a bounded number of passes.
-        end = start.copy()
-        cpu = start.copy()
-        for _ in range(int(arrays["max_chain_all"]) + 16):
-            e_prev = end[:, safe_prev] + shift
-            base = np.where(first, start, np.where(sync, e_prev, cpu[:, safe_prev] + shift))
-            new_cpu = base + gap
-            arrive = np.maximum(new_cpu, np.where(first, -np.inf, e_prev)) + launch
-            ready = np.full((c, int(group.max()) + 1), -np.inf)
-            for i in range(c):
-                np.maximum.at(ready[i], group, arrive[i])
-            own = ready[:, group] + work
-            b_end = np.full((c, int(batch.max()) + 1), -np.inf)
-            for i in range(c):
-                np.maximum.at(b_end[i], batch, own[i])
-            new_end = b_end[:, batch]
-            if np.array_equal(new_end, end) and np.array_equal(new_cpu, cpu):
-                break
-            end, cpu = new_end, new_cpu
-        return end
-    # Event-major layout: gathering an event's values over all scenarios reads one contiguous row.
-    gap_t, work_t, start_t = (np.ascontiguousarray(x.T) for x in (gap, work, start))
-    return np.ascontiguousarray(_replay_events(arrays, gap_t, work_t, start_t).T)
-
-
-def _replay_events(
-    arrays: dict[str, np.ndarray], gap_t: np.ndarray, work_t: np.ndarray, start_t: np.ndarray
-) -> np.ndarray:
-    """``_replay`` on event-major inputs (events x scenarios) along the level plan; event-major ends.
-
-    ``start_t`` holds one row per event; only the rows of ranks' first operations are read.
-    """
-    prev, group, batch = arrays["prev"], arrays["group_dense"], arrays["batch"]
-    first, safe_prev = prev < 0, np.maximum(prev, 0)
-    sync, launch = arrays["sync"], arrays["launch"]
-    n, c = gap_t.shape
-    shift_col = arrays["shift"].astype(gap_t.dtype)[:, None]
-    ready = np.zeros((int(group.max()) + 1, c), dtype=gap_t.dtype)
-    b_end = np.zeros((int(batch.max()) + 1, c), dtype=gap_t.dtype)
-    arrive = np.zeros((n, c), dtype=gap_t.dtype)
-    if bool(sync.all()) and not bool(launch.any()):
-        # Without host issue times every operation is issued when the previous one on its rank
-        # ends: the arrival is that end (a rank's first: its start) plus the gap.
-        for _, fast in arrays["plan"]:
-            starts, follows, prev_batch, moved, moved_ev, solo, solo_batch, gm, g_seg, g_ids, bm, b_seg, b_ids = fast
-            if starts.size:
-                arrive[starts] = start_t[starts] + gap_t[starts]
-            if follows.size:
-                at = b_end[prev_batch] + gap_t[follows]
-                if moved.size:
-                    at[moved] += shift_col[moved_ev]
-                arrive[follows] = at
-            if solo.size:
-                b_end[solo_batch] = arrive[solo] + work_t[solo]
-            if gm.size:
-                ready[g_ids] = np.maximum.reduceat(arrive[gm], g_seg, axis=0)
-            if bm.size:
-                b_end[b_ids] = np.maximum.reduceat(ready[group[bm]] + work_t[bm], b_seg, axis=0)
-        return b_end[batch]
-    cpu = np.zeros((n, c), dtype=gap_t.dtype)
-    sync_col, first_col, launch_col = sync[:, None], first[:, None], launch[:, None]
-    for (ia, gm, g_seg, g_ids, bm, b_seg, b_ids), _ in arrays["plan"]:
-        if ia.size:
-            p, f, sh = safe_prev[ia], first_col[ia], shift_col[ia]
-            e_prev = b_end[batch[p]] + sh
-            base = np.where(f, start_t[ia], np.where(sync_col[ia], e_prev, cpu[p] + sh))
-            q = base + gap_t[ia]
-            cpu[ia] = q
-            arrive[ia] = np.maximum(q, np.where(f, -np.inf, e_prev)) + launch_col[ia]
-        if gm.size:
-            ready[g_ids] = np.maximum.reduceat(arrive[gm], g_seg, axis=0)
-        if bm.size:
-            b_end[b_ids] = np.maximum.reduceat(ready[group[bm]] + work_t[bm], b_seg, axis=0)
-    return b_end[batch]
-
-
-def _step_times(arrays: dict[str, np.ndarray], end: np.ndarray) -> np.ndarray:
-    """Per scenario (rows) and step (columns): step time, from ends relative to each step's frame.
-
-    A step's time is the time from the previous step's last end to its own last end (the job's
-    iteration time; summed over steps, the time from the first start to the last end); the first
-    step's runs from its first start. Overlapping steps (a pipeline's first stage starts the next
-    step while the last drains) are not counted twice.
-    """
-    end2 = np.atleast_2d(end)
-    order, cuts = arrays["step_order"], arrays["step_cuts"]
-    hi = np.maximum.reduceat(end2[:, order], cuts, axis=1)
-    out = _iteration_times(arrays, hi)
-    return out if end.ndim == 2 else out[0]
-
-
-def _iteration_times(arrays: dict[str, np.ndarray], hi: np.ndarray) -> np.ndarray:
-    """Per scenario and step: step time from the step's last end relative to its frame (see _step_times)."""
-    out = hi.copy()
-    out[:, 1:] = np.maximum(hi[:, 1:] - hi[:, :-1] + np.diff(arrays["step_begin"])[None, :], 0.0)
-    return out
 
 
 def _lower_quartile(key: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -594,41 +401,6 @@ class _Scenario:
 
     work: np.ndarray
     gap: np.ndarray
-
-
-def _run(arrays: dict[str, np.ndarray], scenarios: list[_Scenario]) -> np.ndarray:
-    """Per scenario and step: replayed step time.
-
-    Scenarios go through the replay in chunks sized so that the chunk's event x scenario arrays
-    stay within ``REPLAY_BUDGET`` bytes, whatever the trace's length. Along the level plan the
-    times are float32 and relative to each step's begin (a step spans seconds at most: 0.1 us
-    resolution), which halves the memory traffic of the replay; the fallback stays float64.
-    """
-    out = []
-    order, cuts = arrays["step_order"], arrays["step_cuts"]
-    n = arrays["prev"].size
-    chunk = int(np.clip(REPLAY_BUDGET // max(n * 4 * 8, 1), 4, 64))
-    first = arrays["first_events"]
-    for i in range(0, len(scenarios), chunk):
-        part = scenarios[i : i + chunk]
-        # Built event-major (events x scenarios), the layout the replay reads.
-        mw = np.stack([s.work for s in part], axis=1)
-        mg = np.stack([s.gap for s in part], axis=1)
-        if arrays["plan"] is None:
-            work = np.where(mw, arrays["work"][:, None], arrays["ideal_work"][:, None])
-            gap = np.where(mg, arrays["gap"][:, None], arrays["ideal_gap"][:, None])
-            start = np.broadcast_to(arrays["start_offset"][:, None], gap.shape)
-            end = _replay(arrays, gap.T, work.T, start.T).T
-        else:
-            work = np.where(mw, arrays["work32"][:, None], arrays["ideal_work32"][:, None])
-            gap = np.where(mg, arrays["gap32"][:, None], arrays["ideal_gap32"][:, None])
-            # Only the ranks' first events read their start.
-            start = np.empty_like(gap)
-            start[first] = arrays["start_offset32"][first, None]
-            end = _replay_events(arrays, gap, work, start)
-        hi = np.maximum.reduceat(end[order], cuts, axis=0)
-        out.append(_iteration_times(arrays, hi.T.astype(np.float64)))
-    return np.concatenate(out) if out else np.zeros((0, arrays["step_begin"].size))
 
 
 def _noise_threshold(singles: np.ndarray, step: float, min_gain: float) -> float:

@@ -1,0 +1,436 @@
+"""The what-if replay of the straggler analysis, window by window of steps (``analysis.stragglers``).
+
+The replay takes a job's operations (one row per event: the previous operation on its rank, its
+group, its batch, its gap and work) and computes every event's end in many scenarios at once, level
+by level of the dependency graph. Steps depend on each other only through program order: a rank's
+first operation of a step follows its last one of the step before (``prev``). So the events are cut
+into **windows** of whole steps, in order, and each window is replayed with its own level plan,
+holding only its own events x scenarios; what a window needs from the windows before it is the
+replayed end (and host issue time) of those earlier events that are some later event's ``prev``: a
+rank's last operation before the window, per scenario (the *carry*). No collective, send/receive
+pair or batch is cut by a window boundary (a window grows until none is), so every other dependency
+lies inside one window, and the ends are exactly those of one replay of the whole trace.
+
+Memory: the event x scenario arrays of a replay are those of one window and one chunk of scenarios
+(``WINDOW_BUDGET``), plus the carry (ranks x scenarios); not the trace's length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+
+REPLAY_BUDGET = 64 << 20  # bytes of event x scenario arrays per replay chunk of the whole-trace fallback
+WINDOW_BUDGET = 8 << 20  # bytes of event x scenario arrays per window and chunk
+CHUNK_SCENARIOS = 64  # scenarios replayed together at most
+
+
+def window_events() -> int:
+    """Events per window (at least one step): a full chunk of scenarios over a window stays within
+    ``WINDOW_BUDGET`` (about 32 bytes per event and scenario). Smaller windows cost next to nothing: the
+    replay's levels are the same in number, only cut into more windows."""
+    return WINDOW_BUDGET // (CHUNK_SCENARIOS * 4 * 8)
+
+
+def step_windows(arrays: dict[str, Any], max_events: int | None = None) -> list[dict[str, Any]] | None:
+    """The replay's windows of whole steps, in step order, each with its level plan; None when the dependency
+    graph has a cycle (matching errors: the whole trace is then iterated, see ``replay``).
+
+    A window takes consecutive steps while it holds at most ``max_events`` events (at least one step), and never
+    ends between two steps that a group (collective, send with its receive) spans.
+    """
+    max_events = window_events() if max_events is None else max_events
+    prev, group, batch = arrays["prev"], arrays["group_dense"], arrays["batch"]
+    n = prev.size
+    step_index = arrays["step_index"]
+    n_steps = int(arrays["step_ids"].size)
+    # Boundaries a group spans (members in several steps, e.g. recovered steps cut differently per rank).
+    n_groups = int(group.max()) + 1
+    low = np.full(n_groups, n_steps, np.int64)
+    high = np.zeros(n_groups, np.int64)
+    np.minimum.at(low, group, step_index)
+    np.maximum.at(high, group, step_index)
+    spans = low < high
+    open_count = np.zeros(n_steps + 1, np.int64)
+    np.add.at(open_count, low[spans] + 1, 1)
+    np.add.at(open_count, high[spans] + 1, -1)
+    blocked = np.cumsum(open_count) > 0  # blocked[k]: no boundary between steps k - 1 and k
+    per_step = np.bincount(step_index, minlength=n_steps)
+    bounds, held = [0], 0
+    for k in range(n_steps):
+        if k > bounds[-1] and not blocked[k] and held + per_step[k] > max_events:
+            bounds.append(k)
+            held = 0
+        held += int(per_step[k])
+    bounds.append(n_steps)
+    order, cuts = arrays["step_order"], np.r_[arrays["step_cuts"], n]
+    windows: list[dict[str, Any]] = []
+    owner = np.full(n, -1, np.int64)  # window of each event
+    local = np.zeros(n, np.int64)  # its index in the window
+    for w, (a, b) in enumerate(pairwise(bounds)):
+        events = np.sort(order[cuts[a] : cuts[b]])
+        owner[events] = w
+        local[events] = np.arange(events.size)
+        windows.append({"events": events, "steps": (a, b)})
+    ghost_all: list[np.ndarray] = []
+    for w, win in enumerate(windows):
+        events = win["events"]
+        m = events.size
+        p = prev[events]
+        outside = (p >= 0) & (owner[np.maximum(p, 0)] != w)
+        ghosts = np.unique(p[outside])  # earlier windows' events this window follows
+        local_prev = np.where(p >= 0, local[np.maximum(p, 0)], -1)
+        local_prev[outside] = m + np.searchsorted(ghosts, p[outside])
+        batch_ids, local_batch = np.unique(batch[events], return_inverse=True)
+        _, local_group = np.unique(group[events], return_inverse=True)
+        nb = batch_ids.size
+        # Ghosts: one batch each, after the window's own; their step never equals an own event's.
+        step = arrays["step"][events]
+        win.update(
+            prev=local_prev,
+            group_dense=local_group.astype(np.int64),
+            batch=np.r_[local_batch.astype(np.int64), nb + np.arange(ghosts.size)],
+            n_own_batches=nb,
+            step=np.r_[step, np.full(ghosts.size, step.min(initial=0) - 1)],
+            shift=arrays["shift"][events],
+            sync=arrays["sync"][events],
+            launch=arrays["launch"][events],
+            max_chain=arrays["max_chain"],
+            max_chain_all=arrays["max_chain_all"],
+            ghosts=ghosts,
+        )
+        ghost_all.append(ghosts)
+        plan = levels(win) if m else []
+        if plan is None:
+            return None
+        win["plan"] = plan
+        # Per-step maxima of the window's ends (its steps in order).
+        steps = step_index[events]
+        w_order = np.argsort(steps, kind="stable")
+        win["step_order"] = w_order
+        win["step_cuts"] = np.flatnonzero(np.r_[True, steps[w_order][1:] != steps[w_order][:-1]]) if m else w_order
+    carried = np.unique(np.concatenate(ghost_all)) if ghost_all else np.zeros(0, np.int64)
+    fast = bool(arrays["sync"].all()) and not bool(arrays["launch"].any())
+    for win in windows:
+        win["ghost_slots"] = np.searchsorted(carried, win["ghosts"])
+        here = np.flatnonzero(np.isin(carried, win["events"]))
+        win["export_slots"] = here
+        win["exports"] = local[carried[here]]
+        win["fast"] = fast
+    arrays["carried"] = int(carried.size)
+    return windows
+
+
+def levels(win: dict[str, Any]) -> list[tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]] | None:
+    """Evaluation plan of a window's dependency graph, level by level; None when it has a cycle.
+
+    Per event: its arrival needs the completion of the previous operation on its rank (level of
+    that batch + 1; an earlier window's event, a *ghost*, is done before the window starts); a group
+    (collective, or a send with its receive) is ready once its members have arrived; a batch
+    (operations posted together) completes once its groups are ready. Levels are found inside each
+    step first (all steps at once: a step's chain is short), then the steps are laid end to end and
+    the few constraints that cross a boundary (a rank's first operation after its previous step's
+    last; a group whose members fell in two steps) are settled by relaxation.
+    """
+    prev, group, batch = win["prev"], win["group_dense"], win["batch"]
+    n = prev.size
+    n_groups, n_batches = int(group.max()) + 1, batch.size - n + int(win["n_own_batches"])
+    own_batch = batch[:n]
+    safe_prev = np.maximum(prev, 0)
+    step = win["step"]
+    ghost_prev = prev >= n
+    inside = (prev >= 0) & ~ghost_prev & (step[safe_prev] == step[:n])
+    step_index = np.unique(step[:n], return_inverse=True)[1]
+    batch_step = np.zeros(n_batches, np.int64)
+    batch_step[own_batch] = step_index
+    ghost_level = np.zeros(n_batches, bool)
+    ghost_level[int(win["n_own_batches"]) :] = True
+
+    def settle(
+        first: np.ndarray, lv_a: np.ndarray, lv_b: np.ndarray, rounds: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        for _ in range(rounds):
+            lv_a = np.where(first, lv_a, np.maximum(lv_a, lv_b[batch[safe_prev]] + 1))
+            lv_g = np.zeros(n_groups, np.int64)
+            np.maximum.at(lv_g, group, lv_a)
+            new = lv_b.copy()
+            np.maximum.at(new, own_batch, lv_g[group])
+            if np.array_equal(new, lv_b):
+                return lv_a, lv_g, lv_b
+            lv_b = new
+        return None
+
+    # Ghost batches sit at level -1: done before the window's first level.
+    start_b = np.where(ghost_level, -1, 0).astype(np.int64)
+    got = settle(~inside, np.zeros(n, np.int64), start_b, int(win["max_chain"]) + 16)
+    if got is None:
+        return None  # matching errors formed a cycle
+    lv_a, _, lv_b = got
+    span = np.zeros(int(step_index.max(initial=0)) + 1, np.int64)
+    np.maximum.at(span, batch_step[~ghost_level], lv_b[~ghost_level] + 1)
+    offset = np.r_[0, np.cumsum(span)[:-1]]
+    lv_b = np.where(ghost_level, -1, lv_b + offset[batch_step])
+    got = settle(prev < 0, lv_a + offset[step_index], lv_b, int(win["max_chain_all"]) + 16)
+    if got is None:
+        return None
+    lv_a, lv_g, lv_b = got
+    first = prev < 0
+    n_levels = int(lv_b.max(initial=0)) + 1
+    idx = np.arange(n)
+    order_a = np.argsort(lv_a, kind="stable")
+    cut_a = np.searchsorted(lv_a[order_a], np.arange(n_levels + 1))
+
+    def segments(owner: np.ndarray, level_of_owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        order = np.lexsort((owner, level_of_owner[owner]))
+        return order, np.searchsorted(level_of_owner[owner][order], np.arange(n_levels + 1))
+
+    order_g, cut_g = segments(group, lv_g)
+    order_b, cut_b = segments(own_batch, lv_b)
+    # Events alone in their group and their batch (compute, local operations): their batch ends
+    # at their arrival plus their work, with no reduction; the fast plan handles them apart.
+    alone = (np.bincount(group, minlength=n_groups)[group] == 1) & (
+        np.bincount(own_batch, minlength=n_batches)[own_batch] == 1
+    )
+    shifted = win["shift"] != 0
+    plan = []
+    for lv in range(n_levels):
+        ia = order_a[cut_a[lv] : cut_a[lv + 1]]
+        gm = order_g[cut_g[lv] : cut_g[lv + 1]]
+        bm = order_b[cut_b[lv] : cut_b[lv + 1]]
+        g_seg = np.flatnonzero(np.r_[True, group[gm][1:] != group[gm][:-1]]) if gm.size else idx[:0]
+        b_seg = np.flatnonzero(np.r_[True, own_batch[bm][1:] != own_batch[bm][:-1]]) if bm.size else idx[:0]
+        step_plan = (ia, gm, g_seg, group[gm][g_seg], bm, b_seg, own_batch[bm][b_seg])
+        # Fast plan: a rank's first operation starts from its observed start; any other arrival
+        # follows the end of the previous operation's batch (moved into its step's frame when
+        # that operation belongs to an earlier step).
+        starts, follows = ia[first[ia]], ia[~first[ia]]
+        moved = np.flatnonzero(shifted[follows])
+        solo, gm2, bm2 = ia[alone[ia]], gm[~alone[gm]], bm[~alone[bm]]
+        g2 = np.flatnonzero(np.r_[True, group[gm2][1:] != group[gm2][:-1]]) if gm2.size else idx[:0]
+        b2 = np.flatnonzero(np.r_[True, own_batch[bm2][1:] != own_batch[bm2][:-1]]) if bm2.size else idx[:0]
+        fast = (
+            starts,
+            follows,
+            batch[safe_prev[follows]],
+            moved,
+            follows[moved],
+            solo,
+            own_batch[solo],
+            gm2,
+            g2,
+            group[gm2][g2],
+            bm2,
+            b2,
+            own_batch[bm2][b2],
+        )
+        plan.append((step_plan, fast))
+    return plan
+
+
+def replay_window(
+    win: dict[str, Any],
+    gap_t: np.ndarray,
+    work_t: np.ndarray,
+    start_t: np.ndarray,
+    ghost_end: np.ndarray,
+    ghost_cpu: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """One window's replay on event-major inputs (events x scenarios) along its level plan: (ends, host issue
+    times or None when the replay does not track them), event-major.
+
+    ``start_t`` holds one row per event; only the rows of ranks' first operations are read. ``ghost_end`` and
+    ``ghost_cpu`` (one row per ghost) carry the earlier windows' events this window follows.
+    """
+    prev, group, batch = win["prev"], win["group_dense"], win["batch"]
+    first, safe_prev = prev < 0, np.maximum(prev, 0)
+    sync, launch = win["sync"], win["launch"]
+    n, c = gap_t.shape
+    nb = int(win["n_own_batches"])
+    shift_col = win["shift"].astype(gap_t.dtype)[:, None]
+    ready = np.zeros((int(group.max(initial=0)) + 1, c), dtype=gap_t.dtype)
+    b_end = np.zeros((batch.size - n + nb, c), dtype=gap_t.dtype)
+    b_end[nb:] = ghost_end
+    arrive = np.zeros((n, c), dtype=gap_t.dtype)
+    if win["fast"]:
+        # Without host issue times every operation is issued when the previous one on its rank
+        # ends: the arrival is that end (a rank's first: its start) plus the gap.
+        for _, fast in win["plan"]:
+            starts, follows, prev_batch, moved, moved_ev, solo, solo_batch, gm, g_seg, g_ids, bm, b_seg, b_ids = fast
+            if starts.size:
+                arrive[starts] = start_t[starts] + gap_t[starts]
+            if follows.size:
+                at = b_end[prev_batch] + gap_t[follows]
+                if moved.size:
+                    at[moved] += shift_col[moved_ev]
+                arrive[follows] = at
+            if solo.size:
+                b_end[solo_batch] = arrive[solo] + work_t[solo]
+            if gm.size:
+                ready[g_ids] = np.maximum.reduceat(arrive[gm], g_seg, axis=0)
+            if bm.size:
+                b_end[b_ids] = np.maximum.reduceat(ready[group[bm]] + work_t[bm], b_seg, axis=0)
+        return b_end[batch[:n]], None
+    cpu = np.zeros((batch.size, c), dtype=gap_t.dtype)
+    cpu[n:] = ghost_cpu
+    sync_col, first_col, launch_col = sync[:, None], first[:, None], launch[:, None]
+    for (ia, gm, g_seg, g_ids, bm, b_seg, b_ids), _ in win["plan"]:
+        if ia.size:
+            p, f, sh = safe_prev[ia], first_col[ia], shift_col[ia]
+            e_prev = b_end[batch[p]] + sh
+            base = np.where(f, start_t[ia], np.where(sync_col[ia], e_prev, cpu[p] + sh))
+            q = base + gap_t[ia]
+            cpu[ia] = q
+            arrive[ia] = np.maximum(q, np.where(f, -np.inf, e_prev)) + launch_col[ia]
+        if gm.size:
+            ready[g_ids] = np.maximum.reduceat(arrive[gm], g_seg, axis=0)
+        if bm.size:
+            b_end[b_ids] = np.maximum.reduceat(ready[group[bm]] + work_t[bm], b_seg, axis=0)
+    return b_end[batch[:n]], cpu[:n]
+
+
+Inputs = Callable[[dict[str, Any]], tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+def replay_windows(
+    arrays: dict[str, Any], inputs: Inputs, scenarios: int, dtype: Any
+) -> Iterator[tuple[dict, np.ndarray]]:
+    """(window, its events' ends, event-major) for every window in order; ``inputs(window)`` gives the window's
+    event-major (gap, work, start). Only the carry (earlier events later windows follow) passes between windows."""
+    carry_end = np.zeros((arrays["carried"], scenarios), dtype)
+    carry_cpu = np.zeros((arrays["carried"], scenarios), dtype)
+    for win in arrays["plan"]:
+        gap_t, work_t, start_t = inputs(win)
+        slots = win["ghost_slots"]
+        end, cpu = replay_window(win, gap_t, work_t, start_t, carry_end[slots], carry_cpu[slots])
+        carry_end[win["export_slots"]] = end[win["exports"]]
+        if cpu is not None:
+            carry_cpu[win["export_slots"]] = cpu[win["exports"]]
+        yield win, end
+
+
+def replay(arrays: dict[str, Any], gap: np.ndarray, work: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """End time of every event in each scenario (rows of ``gap``, ``work``, ``start``), all steps.
+
+    Times are relative to each event's step frame (its step's begin); ``start`` is read only for
+    a rank's first operation. The host issues an operation a gap after issuing the previous one,
+    or after the previous one completed when it waited for it; the device starts it once issued
+    (plus the launch delay) and once the previous operation on the rank has ended; a group
+    completes its last member's arrival plus its transfer; a batch completes with its slowest
+    member. Max-plus: shorter durations never give a later end.
+    """
+    prev, group, batch = arrays["prev"], arrays["group_dense"], arrays["batch"]
+    first, safe_prev = prev < 0, np.maximum(prev, 0)
+    sync, launch, shift = arrays["sync"], arrays["launch"], arrays["shift"]
+    c = gap.shape[0]
+    if arrays["plan"] is None:
+        # A cycle (matching errors): iterate from below, a bounded number of passes.
+        end = start.copy()
+        cpu = start.copy()
+        for _ in range(int(arrays["max_chain_all"]) + 16):
+            e_prev = end[:, safe_prev] + shift
+            base = np.where(first, start, np.where(sync, e_prev, cpu[:, safe_prev] + shift))
+            new_cpu = base + gap
+            arrive = np.maximum(new_cpu, np.where(first, -np.inf, e_prev)) + launch
+            ready = np.full((c, int(group.max()) + 1), -np.inf)
+            for i in range(c):
+                np.maximum.at(ready[i], group, arrive[i])
+            own = ready[:, group] + work
+            b_end = np.full((c, int(batch.max()) + 1), -np.inf)
+            for i in range(c):
+                np.maximum.at(b_end[i], batch, own[i])
+            new_end = b_end[:, batch]
+            if np.array_equal(new_end, end) and np.array_equal(new_cpu, cpu):
+                break
+            end, cpu = new_end, new_cpu
+        return end
+    # Event-major layout: gathering an event's values over all scenarios reads one contiguous row.
+    gap_t, work_t, start_t = (np.ascontiguousarray(x.T) for x in (gap, work, start))
+    out = np.zeros_like(gap_t)
+
+    def window_inputs(win: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        ev = win["events"]
+        return gap_t[ev], work_t[ev], start_t[ev]
+
+    for win, end in replay_windows(arrays, window_inputs, c, gap_t.dtype):
+        out[win["events"]] = end
+    return np.ascontiguousarray(out.T)
+
+
+def step_times(arrays: dict[str, Any], end: np.ndarray) -> np.ndarray:
+    """Per scenario (rows) and step (columns): step time, from ends relative to each step's frame.
+
+    A step's time is the time from the previous step's last end to its own last end (the job's
+    iteration time; summed over steps, the time from the first start to the last end); the first
+    step's runs from its first start. Overlapping steps (a pipeline's first stage starts the next
+    step while the last drains) are not counted twice.
+    """
+    end2 = np.atleast_2d(end)
+    order, cuts = arrays["step_order"], arrays["step_cuts"]
+    hi = np.maximum.reduceat(end2[:, order], cuts, axis=1)
+    out = iteration_times(arrays, hi)
+    return out if end.ndim == 2 else out[0]
+
+
+def iteration_times(arrays: dict[str, Any], hi: np.ndarray) -> np.ndarray:
+    """Per scenario and step: step time from the step's last end relative to its frame (see step_times)."""
+    out = hi.copy()
+    out[:, 1:] = np.maximum(hi[:, 1:] - hi[:, :-1] + np.diff(arrays["step_begin"])[None, :], 0.0)
+    return out
+
+
+def run(arrays: dict[str, Any], scenarios: list[Any]) -> np.ndarray:
+    """Per scenario and step: replayed step time. A scenario has ``work`` and ``gap``, per event: whether the
+    event keeps its observed duration and gap (else its healthy one, ``ideal_work`` / ``ideal_gap``).
+
+    Scenarios go through the replay in chunks of up to ``CHUNK_SCENARIOS``, window by window, so that a
+    chunk's event x scenario arrays stay within ``WINDOW_BUDGET`` bytes whatever the trace's length (a
+    window of one step larger than that takes fewer scenarios at a time, 4 at least). Along
+    the level plan the times are float32 and relative to each step's begin (a step spans seconds at most:
+    0.1 us resolution), which halves the memory traffic of the replay; the fallback stays float64.
+    """
+    out = []
+    n_steps = arrays["step_begin"].size
+    if arrays["plan"] is None:
+        n = arrays["prev"].size
+        order, cuts = arrays["step_order"], arrays["step_cuts"]
+        chunk = int(np.clip(REPLAY_BUDGET // max(n * 4 * 8, 1), 4, CHUNK_SCENARIOS))
+        for i in range(0, len(scenarios), chunk):
+            part = scenarios[i : i + chunk]
+            mw = np.stack([s.work for s in part], axis=1)
+            mg = np.stack([s.gap for s in part], axis=1)
+            work = np.where(mw, arrays["work"][:, None], arrays["ideal_work"][:, None])
+            gap = np.where(mg, arrays["gap"][:, None], arrays["ideal_gap"][:, None])
+            start = np.broadcast_to(arrays["start_offset"][:, None], gap.shape)
+            end = replay(arrays, gap.T, work.T, start.T).T
+            hi = np.maximum.reduceat(end[order], cuts, axis=0)
+            out.append(iteration_times(arrays, hi.T.astype(np.float64)))
+        return np.concatenate(out) if out else np.zeros((0, n_steps))
+    largest = max((w["events"].size for w in arrays["plan"]), default=1)
+    chunk = int(np.clip(WINDOW_BUDGET // max(largest * 4 * 8, 1), 4, CHUNK_SCENARIOS))
+    for i in range(0, len(scenarios), chunk):
+        part = scenarios[i : i + chunk]
+
+        def window_inputs(win: dict[str, Any], part: list[Any] = part) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            # Built event-major (events x scenarios), the layout the replay reads.
+            ev = win["events"]
+            mw = np.stack([s.work[ev] for s in part], axis=1)
+            mg = np.stack([s.gap[ev] for s in part], axis=1)
+            work = np.where(mw, arrays["work32"][ev, None], arrays["ideal_work32"][ev, None])
+            gap = np.where(mg, arrays["gap32"][ev, None], arrays["ideal_gap32"][ev, None])
+            # Only the ranks' first events read their start.
+            start = np.empty_like(gap)
+            first = win["prev"] < 0
+            start[first] = arrays["start_offset32"][ev[first], None]
+            return gap, work, start
+
+        hi = np.zeros((n_steps, len(part)))
+        for win, end in replay_windows(arrays, window_inputs, len(part), np.float32):
+            a, _ = win["steps"]
+            if end.shape[0]:
+                local = np.maximum.reduceat(end[win["step_order"]], win["step_cuts"], axis=0)
+                hi[a : a + local.shape[0]] = local
+        out.append(iteration_times(arrays, hi.T))
+    return np.concatenate(out) if out else np.zeros((0, n_steps))

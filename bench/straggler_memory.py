@@ -1,0 +1,107 @@
+"""Peak memory and CPU of the straggler analysis, whole-trace replay against windowed, at two trace lengths.
+
+The traces are those of ``bench/straggler_speed.py`` (128 ranks, DP32 x PP2 x CP2, compute rows, backward of
+stage 1 x1.4) at ``--steps`` (default 45 and 90), generated once into ``--cache``. The baseline is the
+analysis at another git revision (``--baseline REV``, default main before the windowed replay), loaded from git
+as a module of its own. Each (implementation, trace) runs in a fresh child process, which reads the trace, then
+measures its peak resident memory growth over the analysis alone (``ru_maxrss``: numpy and polars allocate
+outside tracemalloc's view) and its CPU seconds; the reports are compared in the same run (equal up to the
+last bits of polars' float sums, which vary from run to run in the baseline alone).
+
+    POLARS_MAX_THREADS=1 OPENBLAS_NUM_THREADS=1 taskset -c 1 .venv/bin/python bench/straggler_memory.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = "8ad1f74"  # main before the windowed replay (issue 16)
+
+CHILD = """
+import importlib.util, json, resource, sys, time
+import polars as pl
+from comminsight.importers import load
+path, source = sys.argv[1], sys.argv[2]
+if source:
+    spec = importlib.util.spec_from_file_location("stragglers_baseline", source)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    analyse = module.analyse_stragglers
+else:
+    from comminsight.analysis.stragglers import analyse_stragglers as analyse
+table = pl.from_arrow(load(path))
+rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t0 = time.process_time()
+report = analyse(table).to_dict()
+cpu = time.process_time() - t0
+rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"cpu": cpu, "peak_mib": (rss1 - rss0) / 1024, "rows": table.height, "report": report}))
+"""
+
+
+def close(a: object, b: object) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        assert isinstance(b, dict)
+        return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        assert isinstance(b, list)
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float):
+        assert isinstance(b, float)
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12)
+    return a == b
+
+
+def measure(path: Path, source: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, str(path), source], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, nargs="+", default=[45, 90])
+    parser.add_argument("--baseline", default=BASELINE, help="git revision of the whole-trace implementation")
+    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()))
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "bench"))
+    from straggler_speed import MODULE, trace
+
+    source = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{args.baseline}:{MODULE}"], capture_output=True, text=True, check=True
+    ).stdout
+    baseline = Path(tempfile.mkdtemp()) / "stragglers_baseline.py"
+    baseline.write_text(source)
+    rows = []
+    for steps in args.steps:
+        path = trace(args.cache, steps)
+        whole = measure(path, str(baseline))
+        windowed = measure(path, "")
+        same = close(whole["report"], windowed["report"])
+        rows.append((steps, whole, windowed, same))
+        print(
+            f"128 ranks x {steps} steps ({whole['rows']} rows): whole-trace {whole['cpu']:.2f} s CPU, "
+            f"+{whole['peak_mib']:.0f} MiB; windowed {windowed['cpu']:.2f} s CPU, +{windowed['peak_mib']:.0f} MiB; "
+            f"memory x{windowed['peak_mib'] / whole['peak_mib']:.2f}, CPU x{windowed['cpu'] / whole['cpu']:.2f}; "
+            f"reports {'equal' if same else 'DIFFER'}",
+            flush=True,
+        )
+    if len(rows) > 1:
+        (s0, w0, v0, _), (s1, w1, v1, _) = rows[0], rows[-1]
+        print(
+            f"{s0} -> {s1} steps: whole-trace peak x{w1['peak_mib'] / w0['peak_mib']:.2f}, "
+            f"windowed peak x{v1['peak_mib'] / v0['peak_mib']:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
