@@ -16,7 +16,9 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
 setup: venv profiler frontend
 
-$(VENV)/.installed: requirements/base.txt requirements/dev.txt requirements/prod.txt agent/pyproject.toml inject/pyproject.toml
+# agent/setup.py builds the agent's one compiled module (the Flight Recorder decoder) in place.
+$(VENV)/.installed: requirements/base.txt requirements/dev.txt requirements/prod.txt agent/pyproject.toml inject/pyproject.toml \
+  agent/setup.py agent/comminsight/importers/_frdecode.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements/dev.txt

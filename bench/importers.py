@@ -7,6 +7,9 @@ is the median over those pairs of baseline seconds over comminsight seconds. Gen
 comes from tests/importers' sample writers, scaled up: Kineto traces of 8 ranks x 200,000 events,
 mostly CPU ops, runtime calls and compute kernels, one NCCL all-reduce every 20 ops.
 
+The Flight Recorder importer is measured twice: as it runs (the compiled decoder, see
+docs/formats/evidence.md) and with the decoder set aside (its Python reader, the fallback).
+
 Run: .venv/bin/python bench/importers.py [--scale 1.0]
 """
 
@@ -61,6 +64,19 @@ def _fr_baseline(directory: Path) -> int:
                 }
             )
     return pa.Table.from_pylist(rows).num_rows
+
+
+def _without_decoder(load):
+    """``load`` with the compiled Flight Recorder decoder set aside: the fallback reader's figure."""
+
+    def python_reader(directory: Path):
+        decoder, flight_recorder._frdecode = flight_recorder._frdecode, None
+        try:
+            return load(directory)
+        finally:
+            flight_recorder._frdecode = decoder
+
+    return python_reader
 
 
 def _kineto(directory: Path, ranks: int, events: int) -> None:
@@ -195,6 +211,12 @@ def main() -> None:
     k = args.scale
     cases = [
         ("flight_recorder (pickle)", flight_recorder.load, _fr_baseline, lambda d: _fr(d, 64, int(2000 * k))),
+        (
+            "flight_recorder (pickle, Python reader)",
+            _without_decoder(flight_recorder.load),
+            _fr_baseline,
+            lambda d: _fr(d, 64, int(2000 * k)),
+        ),
         ("kineto (json.gz)", kineto.load, _kineto_baseline, lambda d: _kineto(d, 8, int(200_000 * k))),
         (
             "nccl_inspector (jsonl)",
@@ -213,8 +235,9 @@ def main() -> None:
             if args.only and not name.startswith(args.only):
                 continue
             directory = Path(tmp) / name.split()[0]
-            directory.mkdir()
-            make(directory)
+            if not directory.exists():
+                directory.mkdir()
+                make(directory)
             load(directory)  # first-use costs (imports, caches) are not the importer's throughput
             ours_s, ours_rows, base_s, base_rows, ratio = _paired(
                 lambda load=load, directory=directory: load(directory).num_rows,

@@ -12,10 +12,15 @@ The mapping onto the operations table is in docs/formats/evidence.md. Besides on
 entry, ``pg_status`` yields a "progress" row per (rank, process group) carrying the
 last-completed watermark, because dumps usually hold only operations that had not completed.
 
-Unpickling makes Python objects entry by entry; everything after is columnar: the entries of
-all files are gathered field by field into lists, then checked, normalised (per distinct value)
-and mapped as Arrow/numpy columns, once for the whole load. A check that fails on a column is
-re-run entry by entry only to name the file and entry at fault.
+Two readers give the same table. The compiled decoder (``_frdecode``, built by ``make setup``)
+runs a pickle's opcodes straight into columns: integer fields as int64 arrays, every other field
+as codes into its distinct values, so that checks and mappings run once per distinct value and
+no Python object is made per entry. Anything outside the plain subset it knows, and any check
+that fails, goes to the Python reader, which also serves where the decoder is not built: the
+restricted unpickler makes Python objects entry by entry, then the entries of all files are
+gathered field by field into lists, checked, normalised (per distinct value) and mapped as
+Arrow/numpy columns. A check that fails on a column is re-run entry by entry only to name the
+file and entry at fault, so errors read the same whichever reader met the dump first.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import re
 import resource
 import sys
 from collections.abc import Callable
+from contextlib import suppress
 from functools import lru_cache
 from itertools import chain, repeat
 from operator import itemgetter
@@ -42,7 +48,20 @@ import pyarrow.compute as pc
 from comminsight.evidence import PROGRESS_OP
 from comminsight.importers import EvidenceError, Importer, directory_holds, evidence_files, register
 from comminsight.importers.columns import MAX_ROWS, concat, paused_gc, to_table
-from comminsight.importers.normalise import ITEMSIZE, dtype_name, map_distinct, ops, shape_text, trailing_int
+from comminsight.importers.normalise import (
+    ITEMSIZE,
+    dtype_name,
+    map_distinct,
+    op_name,
+    ops,
+    shape_text,
+    trailing_int,
+)
+
+try:
+    from comminsight.importers import _frdecode
+except ImportError:  # not built (no C compiler at set-up): the Python reader reads every dump
+    _frdecode = None
 
 NAME = "flight_recorder"
 MAX_FILE_BYTES = 256 << 20
@@ -173,11 +192,17 @@ def _json_footprint(data: bytes) -> int:
     return 232 * containers + 40 * data.count(b'"') + 40 * data.count(b",") + len(data)
 
 
-def _read(path: Path) -> dict:
+def _file_bytes(path: Path) -> bytes:
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
         raise EvidenceError(f"{path}: {size} bytes is over the {MAX_FILE_BYTES}-byte limit for a dump")
-    data = path.read_bytes()
+    return path.read_bytes()
+
+
+def _read(path: Path, data: bytes | None = None) -> dict:
+    """The dump as the restricted unpickler (or the JSON reader) makes it, with its checks."""
+    if data is None:
+        data = _file_bytes(path)
     try:
         if data[:1] == b"\x80":
             dump = _RestrictedUnpickler(_WatchedInput(data)).load()
@@ -318,6 +343,48 @@ def _shape_and_count(sizes: Any, path: Path, index: int) -> tuple[str | None, in
     return shape_text(sizes), count
 
 
+class _Decoded(NamedTuple):
+    """One dump's entries as the compiled decoder gives them (see _frdecode.c)."""
+
+    ints: np.ndarray  # (len(_INT_FIELDS), n) int64
+    valid: np.ndarray  # (len(_INT_FIELDS), n) bool: the value is an integer (not None, not absent)
+    codes: np.ndarray  # (len(_CODED_FIELDS), n) int32 into distinct[field]; -1: absent
+    distinct: tuple[list, ...]  # per coded field, its distinct values as the unpickler makes them
+
+
+# The decoder's fields, in its order (_frdecode.c, INT_FIELDS and CODED_FIELDS).
+_INT_FIELDS = (
+    "record_id",
+    "pg_id",
+    "collective_seq_id",
+    "p2p_seq_id",
+    "time_created_ns",
+    "time_discovered_started_ns",
+    "time_discovered_completed_ns",
+)
+_CODED_FIELDS = ("process_group", "profiling_name", "is_p2p", "state", "input_sizes", "input_dtypes")
+
+
+def _decode(data: bytes) -> tuple[dict, _Decoded] | None:
+    """(the dump without its entries, its entries as columns) from the compiled decoder; None for the
+    Python reader to read (no decoder, not a pickle, outside the decoder's subset, a check failed)."""
+    if _frdecode is None or data[:1] != b"\x80":
+        return None
+    out = _frdecode.decode(data, MAX_UNPICKLED_BYTES)
+    if out is None:
+        return None
+    top, n, ints, valid, codes, distinct = out
+    if n > MAX_ENTRIES or n > max(len(data), 1) // MIN_ENTRY_BYTES:
+        return None  # the Python reader refuses it, naming the problem
+    decoded = _Decoded(
+        np.frombuffer(ints, np.int64).reshape(len(_INT_FIELDS), n),
+        np.frombuffer(valid, np.bool_).reshape(len(_INT_FIELDS), n),
+        np.frombuffer(codes, np.int32).reshape(len(_CODED_FIELDS), n),
+        distinct,
+    )
+    return top, decoded
+
+
 class _Dump(NamedTuple):
     """One file's parsed dump with what is known about it before its entries are mapped."""
 
@@ -325,8 +392,13 @@ class _Dump(NamedTuple):
     dump: dict
     groups: dict[str, dict]
     rank: int
-    entries: list
+    entries: list | None  # the unpickled entries (the Python reader), else
     size: int  # bytes in the file
+    decoded: _Decoded | None = None  # the entries as columns (the compiled decoder)
+
+    @property
+    def n(self) -> int:
+        return len(self.entries) if self.entries is not None else self.decoded.ints.shape[1]
 
 
 class _Locate:
@@ -334,7 +406,7 @@ class _Locate:
 
     def __init__(self, dumps: list[_Dump]) -> None:
         self.paths = [d.path for d in dumps]
-        self.starts = np.cumsum([0, *(len(d.entries) for d in dumps)])
+        self.starts = np.cumsum([0, *(d.n for d in dumps)])
 
     def __call__(self, index: int) -> tuple[Path, int]:
         file = int(np.searchsorted(self.starts, index, side="right") - 1)
@@ -482,8 +554,6 @@ def _fields(entries: list[dict]) -> dict[str, list]:
 def _entries_table(dumps: list[_Dump], locate: _Locate) -> pa.Table:
     """One row per entry of every dump, each source field gathered into one list and mapped as a column."""
     entries = [e for d in dumps for e in d.entries]
-    n = len(entries)
-    file = np.repeat(np.arange(len(dumps)), [len(d.entries) for d in dumps])
     # Each check runs on the whole column at C speed; only a failing one looks entry by entry (to name it).
     if not set(map(type, entries)) <= {dict}:
         _fail_at([not isinstance(e, dict) for e in entries], " is not a dict", locate, entries)
@@ -530,6 +600,157 @@ def _entries_table(dumps: list[_Dump], locate: _Locate) -> pa.Table:
             ("end_ns", "time_discovered_completed_ns"),
         )
     }
+    columns = _Columns(
+        pa.array(names, pa.string()),
+        pa.array(descs, pa.string()),
+        profiling_arr,
+        op,
+        is_p2p,
+        seq,
+        map_distinct(pa.array(states, pa.string()), _STATES.get),
+        shape,
+        count,
+        dtype,
+        itemsize,
+        record_id,
+        times,
+    )
+    return _assemble(dumps, locate, columns)
+
+
+class _Fallback(Exception):
+    """A decoded batch holds a value the Python reader must judge (to refuse it with its own words)."""
+
+
+def _merged(dumps: list[_Dump], field: str) -> tuple[np.ndarray, list]:
+    """(code per entry, values): one field's codes across the decoded dumps into one list of values,
+    an absent field coded as the value the Python reader takes for it (``_FIELDS``)."""
+    f = _CODED_FIELDS.index(field)
+    values: list = []
+    parts = []
+    for d in dumps:
+        codes = d.decoded.codes[f].astype(np.int64)
+        parts.append(np.where(codes < 0, -1, codes + len(values)))
+        values += d.decoded.distinct[f]
+    codes = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    absent = codes < 0
+    if absent.any():
+        codes[absent] = len(values)
+        values.append(_FIELDS[field])
+    return codes, values
+
+
+def _int_field(dumps: list[_Dump], field: str) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 values, validity) of one integer field across the decoded dumps."""
+    f = _INT_FIELDS.index(field)
+    if not dumps:
+        return np.zeros(0, np.int64), np.zeros(0, bool)
+    return np.concatenate([d.decoded.ints[f] for d in dumps]), np.concatenate([d.decoded.valid[f] for d in dumps])
+
+
+def _spread(values: list, codes: np.ndarray, type_: pa.DataType) -> pa.Array:
+    return pa.array(values, type_).take(pa.array(codes)) if len(codes) else pa.array([], type_)
+
+
+def _decoded_table(dumps: list[_Dump], locate: _Locate) -> pa.Table:
+    """The Python reader's table from decoded dumps: each check and mapping of ``_entries_table`` made
+    once per distinct value and spread by code. Raises _Fallback where a check fails."""
+    merged = {field: _merged(dumps, field) for field in _CODED_FIELDS}
+    size = sum(d.size for d in dumps)
+    for key in ("profiling_name", "process_group", "input_sizes", "input_dtypes"):
+        codes, values = merged[key]
+        if key == "profiling_name":
+            lengths = [_length(v) for v in values]
+        else:
+            lengths = [_length(v) + (_total_length(v) if type(v) is list or type(v) is tuple else 0) for v in values]
+        if int(np.dot(np.bincount(codes, minlength=len(values)), lengths)) > size:
+            raise _Fallback
+    codes, groups = merged["process_group"]
+    if not all(type(g) in (list, tuple) and g for g in groups):
+        raise _Fallback
+    names = _spread([g[0] if type(g[0]) is str else str(g[0]) for g in groups], codes, pa.string())
+    descs = _spread([str(g[1]) if len(g) > 1 and g[1] is not None else None for g in groups], codes, pa.string())
+    codes, profiling = merged["profiling_name"]
+    if not all(p is None or type(p) is str for p in profiling):
+        raise _Fallback
+    profiling_arr = _spread(profiling, codes, pa.string())
+    ops_of = [op_name(p) for p in profiling]
+    op = _spread(ops_of, codes, pa.string())
+    send_recv = np.array([o in ("send", "recv") for o in ops_of], bool)[codes]
+    p2p_codes, p2p_flags = merged["is_p2p"]
+    is_p2p = np.array(list(map(bool, p2p_flags)), bool)[p2p_codes] | send_recv
+    collective, collective_valid = _int_field(dumps, "collective_seq_id")
+    p2p_seq, p2p_valid = _int_field(dumps, "p2p_seq_id")
+    seq = pa.array(np.where(is_p2p, p2p_seq, collective), mask=~np.where(is_p2p, p2p_valid, collective_valid))
+    codes, states = merged["state"]
+    if not all(type(s) is str and s in _STATES for s in states):
+        raise _Fallback
+    state = _spread(states, codes, pa.string())
+    codes, sizes = merged["input_sizes"]
+    mapped = []
+    for value in sizes:
+        try:
+            shape_count = _shape_and_count(value, Path(), 0)
+        except EvidenceError:
+            raise _Fallback from None
+        if shape_count[1] is not None and shape_count[1] >= 1 << 62:
+            raise _Fallback
+        mapped.append(shape_count)
+    shape = _spread([m[0] for m in mapped], codes, pa.string())
+    count = _spread([m[1] for m in mapped], codes, pa.int64())
+    codes, dtype_lists = merged["input_dtypes"]
+    infos = []
+    for value in dtype_lists:
+        value = value or []
+        try:
+            found = _dtype_info(tuple(value)) if isinstance(value, list | tuple) else None
+        except TypeError:  # an unhashable element: not a name
+            found = None
+        if found is None:
+            raise _Fallback
+        infos.append(found)
+    dtype = _spread([i[0] for i in infos], codes, pa.string())
+    itemsize = np.array([i[1] for i in infos], np.int64)[codes]
+
+    def ints(field: str) -> pa.Array:
+        values, valid = _int_field(dumps, field)
+        return pa.array(values, mask=~valid)
+
+    times = {
+        "enqueue_ns": ints("time_created_ns"),
+        "start_ns": ints("time_discovered_started_ns"),
+        "end_ns": ints("time_discovered_completed_ns"),
+    }
+    columns = _Columns(
+        names, descs, profiling_arr, op, is_p2p, seq, state, shape, count, dtype, itemsize, ints("record_id"), times
+    )
+    return _assemble(dumps, locate, columns)
+
+
+class _Columns(NamedTuple):
+    """The entries' fields checked and mapped, one value per entry: what the table is assembled from."""
+
+    names: pa.Array  # process_group[0]
+    descs: pa.Array  # process_group[1]
+    profiling: pa.Array
+    op: pa.Array
+    is_p2p: np.ndarray
+    seq: pa.Array
+    state: pa.Array
+    shape: pa.Array
+    count: pa.Array
+    dtype: pa.Array
+    itemsize: np.ndarray
+    record_id: pa.Array
+    times: dict[str, pa.Array]
+
+
+def _assemble(dumps: list[_Dump], locate: _Locate, columns: _Columns) -> pa.Table:
+    """The table's rows from the entries' mapped fields and each dump's groups (the same for both readers)."""
+    n = len(columns.is_p2p)
+    file = np.repeat(np.arange(len(dumps)), [d.n for d in dumps])
+    names_arr, profiling_arr, op, is_p2p = columns.names, columns.profiling, columns.op, columns.is_p2p
+    count, itemsize = columns.count, columns.itemsize
     try:
         bytes_ = pc.multiply_checked(count, pa.array(itemsize))
     except pa.ArrowInvalid as exc:
@@ -537,7 +758,6 @@ def _entries_table(dumps: list[_Dump], locate: _Locate) -> pa.Table:
     bytes_ = pc.if_else(pa.array(itemsize == 0), pa.scalar(None, pa.int64()), bytes_)
 
     # Per (file, group), once: description, members, size and the rank's place among them; spread by code.
-    names_arr = pa.array(names, pa.string())
     name_code = pc.dictionary_encode(names_arr).indices.to_numpy() if n else np.zeros(0, np.int64)
     distinct_names = pc.unique(names_arr).to_pylist() if n else []
     pairs, code = np.unique(file * max(len(distinct_names), 1) + name_code, return_inverse=True)
@@ -568,22 +788,22 @@ def _entries_table(dumps: list[_Dump], locate: _Locate) -> pa.Table:
             "rank": np.array([d.rank for d in dumps], np.int64)[file],
             "comm_id": names_arr,
             "comm_name": names_arr,
-            "comm_desc": pc.coalesce(spread([i[0] or None for i in info], pa.string()), pa.array(descs, pa.string())),
+            "comm_desc": pc.coalesce(spread([i[0] or None for i in info], pa.string()), columns.descs),
             "comm_ranks": spread([i[1] for i in info], pa.list_(pa.int32())),
             "comm_size": spread([i[2] for i in info], pa.int32()),
             "comm_rank": spread([i[3] for i in info], pa.int32()),
             "op": op,
             "is_p2p": is_p2p,
-            "seq": seq,
+            "seq": columns.seq,
             "seq_kind": pc.if_else(pa.array(is_p2p), "p2p", "comm") if n else pa.array([], pa.string()),
             "count": count,
             "bytes": bytes_,
-            "dtype": dtype,
-            "shape": shape,
+            "dtype": columns.dtype,
+            "shape": columns.shape,
             "peer": pa.array(peer, mask=~known),
-            "state": map_distinct(pa.array(states, pa.string()), _STATES.get),
-            **times,
-            "record_id": record_id,
+            "state": columns.state,
+            **columns.times,
+            "record_id": columns.record_id,
             "source": pa.repeat(pa.scalar(NAME), n),
         },
         locate.paths[0].parent if len(dumps) > 1 else locate.paths[0],
@@ -614,7 +834,7 @@ def _first_names(pg_ids: list, status: dict, comm_ids: pa.ChunkedArray, start: i
 def _progress(dumps: list[_Dump], entries: pa.Table) -> tuple[pa.Table, np.ndarray]:
     """The progress rows of every dump (pg_status watermarks, membership of groups without entries),
     and the file each row belongs to."""
-    file = np.repeat(np.arange(len(dumps)), [len(d.entries) for d in dumps])
+    file = np.repeat(np.arange(len(dumps)), [d.n for d in dumps])
     frame = pl.DataFrame(
         {
             "file": file,
@@ -624,7 +844,7 @@ def _progress(dumps: list[_Dump], entries: pa.Table) -> tuple[pa.Table, np.ndarr
             "order": pl.from_arrow(
                 pc.coalesce(
                     entries.column("record_id"),
-                    pa.array(np.arange(len(file)) - np.cumsum([0, *(len(d.entries) for d in dumps)])[file]),
+                    pa.array(np.arange(len(file)) - np.cumsum([0, *(d.n for d in dumps)])[file]),
                 )
             ),
         }
@@ -641,16 +861,25 @@ def _progress(dumps: list[_Dump], entries: pa.Table) -> tuple[pa.Table, np.ndarr
     comm_ids = entries.column("comm_id")
     for f, d in enumerate(dumps):
         status = d.dump.get("pg_status", {}) or {}
-        pg_ids = list(map(dict.get, d.entries, repeat("pg_id")))
         # pg_status is keyed by the group's local id: placed on the first group seen with that id in the entries.
-        if isinstance(status, dict) and len(status) <= 64:
-            pg_names = _first_names(pg_ids, status, comm_ids, start)
+        if d.decoded is not None:  # every pg_id an integer or None
+            values, valid = d.decoded.ints[_INT_FIELDS.index("pg_id")], d.decoded.valid[_INT_FIELDS.index("pg_id")]
+            at = np.flatnonzero(valid)
+            pg_ids, first = np.unique(values[at], return_index=True)
+            names = comm_ids.take(pa.array(start + at[first])).to_pylist()
+            pg_names = dict(zip(pg_ids.tolist(), names, strict=True))
         else:
-            names = comm_ids.slice(start, len(d.entries)).to_pylist()
-            pg_names = {
-                pg_id: name for pg_id, name in zip(reversed(pg_ids), reversed(names), strict=True) if type(pg_id) is int
-            }
-        start += len(d.entries)
+            pg_ids = list(map(dict.get, d.entries, repeat("pg_id")))
+            if isinstance(status, dict) and len(status) <= 64:
+                pg_names = _first_names(pg_ids, status, comm_ids, start)
+            else:
+                names = comm_ids.slice(start, len(d.entries)).to_pylist()
+                pg_names = {
+                    pg_id: name
+                    for pg_id, name in zip(reversed(pg_ids), reversed(names), strict=True)
+                    if type(pg_id) is int
+                }
+        start += d.n
 
         def add(name: str, p2p: bool, seq: int | None, kind: str | None, f: int = f, d: _Dump = d) -> None:
             desc, ranks, size, position = _comm_info(d.groups, name, d.rank)
@@ -717,14 +946,21 @@ def _load_files(files: list[Path]) -> pa.Table:
     rows = entries = 0
     start = _resident_bytes()
     for file in files:
-        dump = _read(file)
+        data = _file_bytes(file)
+        decoded = _decode(data)
+        if decoded is not None:
+            dump, columns = decoded
+        else:
+            dump, columns = _read(file, data), None
+        del data
         groups = _groups(dump, file)
         rank = _rank_of(dump, file, groups)
         if rank in seen:
             raise EvidenceError(f"{file}: rank {rank} already read from {seen[rank].name}")
         seen[rank] = file
-        batch.append(_Dump(file, dump, groups, rank, dump.get("entries", []) or [], file.stat().st_size))
-        entries += len(batch[-1].entries)
+        entry_list = None if columns is not None else dump.get("entries", []) or []
+        batch.append(_Dump(file, dump, groups, rank, entry_list, file.stat().st_size, columns))
+        entries += batch[-1].n
         if entries >= BATCH_ENTRIES or _resident_bytes() - start > BATCH_BYTES:
             rows += _flush(batch, parts)
             batch, entries, start = [], 0, _resident_bytes()
@@ -740,13 +976,22 @@ def _flush(dumps: list[_Dump], parts: list[pa.Table]) -> int:
     """Map a batch of dumps into ``parts``: rows in file order, each file's progress rows after its entries."""
     if not dumps:
         return 0
-    entries = _entries_table(dumps, _Locate(dumps))
+    entries = None
+    if all(d.decoded is not None for d in dumps):
+        with suppress(_Fallback):
+            entries = _decoded_table(dumps, _Locate(dumps))
+    if entries is None:  # the Python reader maps the batch (again), to refuse it as it always has
+        dumps = [
+            d if d.decoded is None else d._replace(entries=_read(d.path).get("entries", []) or [], decoded=None)
+            for d in dumps
+        ]
+        entries = _entries_table(dumps, _Locate(dumps))
     progress, owner = _progress(dumps, entries)
     entry_start, progress_start = 0, 0
     progress_counts = np.bincount(owner, minlength=len(dumps))
     for d, extra in zip(dumps, progress_counts.tolist(), strict=True):
-        parts += [entries.slice(entry_start, len(d.entries)), progress.slice(progress_start, extra)]
-        entry_start += len(d.entries)
+        parts += [entries.slice(entry_start, d.n), progress.slice(progress_start, extra)]
+        entry_start += d.n
         progress_start += extra
     return entries.num_rows + progress.num_rows
 
