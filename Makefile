@@ -23,6 +23,9 @@ $(VENV)/.installed: requirements/base.txt requirements/dev.txt requirements/prod
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements/dev.txt
 	$(PIP) install -q -e ./inject -e ./agent
+	@$(PY) -c "import comminsight.importers._frdecode" 2>/dev/null \
+	  || if command -v cc >/dev/null; then echo "agent/setup.py: the Flight Recorder decoder did not build" >&2; exit 1; \
+	  else echo "no C compiler: Flight Recorder dumps will be read by the Python reader"; fi
 	touch $@
 
 venv: $(VENV)/.installed
