@@ -7,8 +7,10 @@
 #      (scripts/gpu_lab.py), with its spread;
 #   4. make check (ASan+UBSan, TSan) on that machine;
 #   with VARIANTS=1, between 2 and 3: the same benchmark under changed conditions, to see what the figure is
-#   made of: slots prefetched one operation ahead instead of CI_PREFETCH_AHEAD, the writer idle during the
-#   runs (it wakes every 10 s; 20 batches so the pool holds every operation), and the default pool size.
+#   made of: the coarse clock instead of rdtsc for before and after (what the two timestamps cost), the writer
+#   idle during the runs (it wakes every 10 s; 20 batches so the pool holds every operation), slots
+#   prefetched 2 ahead and not at all instead of CI_PREFETCH_AHEAD;
+#   LAB=0 leaves out phase 3, CHECK=0 phase 4.
 # Every phase has its own timeout; results land in $OUT as each phase ends.
 #   OUT=/tmp/hp BEFORE_SRC=/path/to/old/native/profiler bash scripts/gpu_lab_hotpath.sh
 set -uo pipefail
@@ -47,25 +49,33 @@ done | tee "$OUT/native.txt"
 
 if [ "${VARIANTS:-0}" = 1 ]; then
   phase "hot-path variants (what the figure is made of)"
-  (cd native/profiler && cc -std=c11 -D_GNU_SOURCE -O2 -fPIC -pthread -fvisibility=hidden -Iinclude -Isrc \
-    -DCI_PREFETCH_AHEAD=1 -shared -o build/variant-ahead1.so src/*.c)
+  for ahead in 0 2; do
+    (cd native/profiler && cc -std=c11 -D_GNU_SOURCE -O2 -fPIC -pthread -fvisibility=hidden -Iinclude -Isrc \
+      -DCI_PREFETCH_AHEAD=$ahead -shared -o build/variant-ahead$ahead.so src/*.c)
+  done
   NOOP="$P/libnccl-profiler-noop.so"
   for rep in 1 2; do
     echo "## after, round $rep"; timeout 30 "$P/profiler_hotpath" "$PLUGIN" "$NOOP" | tail -4
-    echo "## after, prefetch 1 ahead, round $rep"; timeout 30 "$P/profiler_hotpath" "$P/variant-ahead1.so" "$NOOP" | tail -4
+    echo "## after, coarse clock, round $rep"; COMMINSIGHT_CLOCK=coarse timeout 30 "$P/profiler_hotpath" "$PLUGIN" "$NOOP" | tail -4
+    if [ -n "$BEFORE" ]; then echo "## before, coarse clock, round $rep"
+      COMMINSIGHT_CLOCK=coarse timeout 30 "$P/profiler_hotpath" "$BEFORE" "$NOOP" | tail -4; fi
     echo "## after, writer idle, round $rep"
     COMMINSIGHT_WRITER_INTERVAL_MS=10000 timeout 60 "$P/profiler_hotpath" "$PLUGIN" "$NOOP" 20 500 | tail -4
     if [ -n "$BEFORE" ]; then echo "## before, writer idle, round $rep"
       COMMINSIGHT_WRITER_INTERVAL_MS=10000 timeout 60 "$P/profiler_hotpath" "$BEFORE" "$NOOP" 20 500 | tail -4; fi
-    echo "## after, pool 16384 (default), round $rep"
-    COMMINSIGHT_POOL_SIZE=16384 timeout 30 "$P/profiler_hotpath" "$PLUGIN" "$NOOP" | tail -4
+    echo "## after, no prefetch, round $rep"; timeout 30 "$P/profiler_hotpath" "$P/variant-ahead0.so" "$NOOP" | tail -4
+    echo "## after, prefetch 2 ahead, round $rep"; timeout 30 "$P/profiler_hotpath" "$P/variant-ahead2.so" "$NOOP" | tail -4
   done | tee "$OUT/variants.txt"
 fi
 
+if [ "${LAB:-1}" = 1 ]; then
 phase "step time without/with the plugin, $ROUNDS rounds"
 timeout "$LAB_TIMEOUT" python3 scripts/gpu_lab.py --plugin "$PLUGIN" --out "$OUT" --rounds "$ROUNDS" \
   --steps "$LAB_STEPS" --warmup "$LAB_WARMUP" --phase-timeout 40 | tail -25
+fi
 
+if [ "${CHECK:-1}" = 1 ]; then
 phase "make check"
-timeout "$CHECK_TIMEOUT" make -C native/profiler check 2>&1 | grep -E "^ok|FAIL|passed|Sanitizer|Error" | tail -20 | tee -a "$OUT/native.txt"
+timeout "$CHECK_TIMEOUT" make -C native/profiler check 2>&1 | grep -E "^ok|FAIL|passed|Sanitizer|Error" | tail -24 | tee -a "$OUT/native.txt"
+fi
 phase done

@@ -16,6 +16,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 #include "comminsight_ring.h"
@@ -129,52 +130,139 @@ static inline void ci_prefetch_for_write(const void* p) {
 /* ---- pool.c: operation slots ---- */
 enum { CI_SLOT_FREE = 0, CI_SLOT_INFLIGHT = 1, CI_SLOT_DONE = 2 };
 #define CI_REFS_DONE  (1ull << 63) /* ops without announced channels: taken out of flight by finalize */
+/* `sg`: the slot's generation and state in one word, so one release store publishes a new op */
+#define CI_SG_STATE(sg) ((sg) & 3u)
+#define CI_SG_GEN(sg)   ((sg) >> 2)
+#define CI_SG(gen, state) (((gen) << 2) | (state))
+/* ci_op.kind: CI_KIND_* in the low bits, and this bit when the stream came from the CollApi/P2pApi parent */
+#define CI_OPK_API_STREAM 0x80u
+/* ci_op.names: an id in the name-set table (ci_names), or this when the names are copied into the slot */
+#define CI_NAMES_INLINE 0xffffu
+/* A batch on a free stack: its head slot and up to CI_BATCH - 1 more, listed in the head's free-list line */
+#define CI_BATCH 12
 
 /*
- * One operation slot (256 bytes, so a handle's low 8 bits are free: 2 tag bits and 6 bits of `gen`).
- * Who writes what, so that no field needs a locked operation on the event path:
- *   - the enqueuing thread (Coll/P2p start): everything up to `state`, then t_stop at its stopEvent;
- *   - the thread that reports the op's children (NCCL's proxy thread): the children counters, c_closed,
- *     gpu_start/gpu_end, t_complete and from_gpu; it closes the channel side and tells the writer;
- *   - the writer: decides completion (channel side closed, told through a completion ring, and t_stop set),
- *     and frees the slot.
- * Ops that announce no channel (n_channels == 0) keep the older protocol: `refs` counts their open parts and
- * whoever closes the last one (one fetch_sub) tells the writer.
+ * One operation slot (256 bytes, so a handle's low 8 bits are free: 2 tag bits and 6 bits of the generation).
+ * Each line has one writer per phase, so that a thread touches as few lines as it can and no field needs a
+ * locked operation on the event path:
+ *   - line 0, the enqueue side: written by the enqueuing thread only, at Coll/P2p start (everything, published
+ *     by the release store of `sg`) and at its stopEvent (t_stop); the writer marks it DONE in `sg`;
+ *   - line 1, the channel side: written by the thread that reports the op's children (NCCL's proxy thread),
+ *     which sets it up for the op at its first child (`c_gen`, so the enqueuing thread never writes it), counts
+ *     children, keeps gpu_start/gpu_end, closes the channel side and tells the writer;
+ *   - lines 2-3: the free-list word and batch while the slot is free (writer, allocator); the names copied
+ *     into the slot when the name-set table cannot give them an id (rare); `refs`.
+ * The writer decides completion (channel side closed, told through a completion ring, and t_stop set) and
+ * frees the slot. Ops that announce no channel (n_channels == 0) keep the older protocol: `refs` counts their
+ * open parts and whoever closes the last one (one fetch_sub) tells the writer; their start sets up line 1.
  */
 typedef struct __attribute__((aligned(256))) ci_op {
-    _Atomic uint64_t refs;       /* n_channels == 0 only: open parts (low 32 bits), CI_REFS_DONE */
-    _Atomic uint32_t state;      /* CI_SLOT_* */
-    uint32_t index;
-    _Atomic uint32_t link;       /* index + 1 of the next slot while on a free stack or chain, 0 = none */
-    _Atomic uint32_t gen;        /* bumped by each op start: handles and completion entries carry it */
-    ci_comm* comm;
+    /* line 0: enqueue side */
+    _Atomic uint32_t sg;         /* CI_SG(generation, CI_SLOT_*): bumped by each op start */
+    uint16_t names;              /* id in the name-set table, or CI_NAMES_INLINE (func..proto below) */
+    uint8_t n_channels;          /* the descriptor's nChannels */
+    uint8_t kind;                /* CI_KIND_* | CI_OPK_API_STREAM */
     _Atomic uint64_t t_start;    /* ticks */
     _Atomic uint64_t t_stop;     /* ticks, 0 until stopEvent (the enqueue side closed) */
-    _Atomic uint64_t t_complete; /* ticks, host read when the last part closed (0 with from_gpu) */
-    _Atomic uint64_t gpu_start;  /* min KernelCh start pTimer, UINT64_MAX unknown */
-    _Atomic uint64_t gpu_end;    /* max KernelCh stop pTimer */
+    ci_comm* comm;
     uint64_t seq, count, stream;
     int32_t peer, tid;
-    /* the descriptor's names as copied on the event path (8-byte aligned, no store splits a line): up to the
-       field's size, NOT necessarily NUL-terminated and possibly followed by bytes of whatever followed the
-       source string (see ci_name_copy); readers copy them with ci_copy_str, which stops at the NUL or the
-       field's end */
-    char func[24], dtype[16], algo[16], proto[16];
-    uint8_t kind, n_channels, flags, reported;
-    /* children (KernelCh, ProxyOp): written only by the thread reporting them, relaxed loads and stores */
+    /* line 1: channel side (children: KernelCh, ProxyOp), relaxed loads and stores by their one reporter */
+    _Alignas(CI_CACHELINE) _Atomic uint32_t c_gen; /* the generation these fields belong to; else none seen yet */
     _Atomic uint16_t kch_started;      /* KernelCh children started, announced or not */
     _Atomic uint16_t children_started; /* every child started */
     _Atomic uint16_t children_stopped;
     _Atomic uint8_t c_closed;          /* channel side closed: later children are ignored */
     _Atomic uint8_t from_gpu;          /* completion time = gpu_end on the host clock (CI_FLAG_COMPLETE_FROM_GPU) */
-    uint8_t snapped;             /* already put in the ring as CI_STATE_INFLIGHT for the agent */
+    uint8_t reported;                  /* writer: already written as a timeout snapshot */
+    uint8_t snapped;                   /* writer: already put in the ring as CI_STATE_INFLIGHT for the agent */
+    _Atomic uint64_t gpu_start;  /* min KernelCh start pTimer, UINT64_MAX unknown */
+    _Atomic uint64_t gpu_end;    /* max KernelCh stop pTimer */
+    _Atomic uint64_t t_complete; /* ticks, host read when the channel side (or last part) closed, unless from_gpu */
+    /* lines 2-3 */
+    _Alignas(CI_CACHELINE) _Atomic uint32_t free_word; /* free: (extra slots << 24) | (next batch's head + 1) */
+    _Atomic uint32_t batch[CI_BATCH - 1];              /* free: the batch's other slots */
+    /* CI_NAMES_INLINE only: the descriptor's names as copied on the event path (8-byte aligned): up to the field's
+       size, NOT necessarily NUL-terminated and possibly followed by bytes of whatever followed the source string
+       (see ci_name_window); readers copy them with ci_copy_str, which stops at the NUL or the field's end */
+    char func[24], dtype[16], algo[16], proto[16];
+    _Atomic uint64_t refs;       /* n_channels == 0 only: open parts (low 32 bits), CI_REFS_DONE */
 } ci_op;
 _Static_assert(sizeof(ci_op) == 256, "handles keep 8 low bits of a slot's address for tags and generation");
-/* the event path writes the first three lines only; slot_take prefetches exactly those (pool.c) */
-_Static_assert(__builtin_offsetof(ci_op, snapped) < 3 * CI_CACHELINE, "event-path fields within three lines");
+_Static_assert(__builtin_offsetof(ci_op, c_gen) == CI_CACHELINE, "the enqueue side fills line 0 exactly");
+_Static_assert(__builtin_offsetof(ci_op, free_word) == 2 * CI_CACHELINE, "the channel side within line 1");
 
-/* Per shard, on a cache line of its own: the free stack, (tag << 32 | index + 1) in one word, so a CAS
-   never suffers ABA. */
+/* Writer side: takes an op out of flight (it keeps its generation; the next op start bumps it). */
+static inline void ci_op_set_done(ci_op* op) {
+    uint32_t sg = atomic_load_explicit(&op->sg, memory_order_relaxed);
+    atomic_store_explicit(&op->sg, CI_SG(CI_SG_GEN(sg), CI_SLOT_DONE), memory_order_relaxed);
+}
+static inline int ci_op_inflight(const ci_op* op) {
+    return CI_SG_STATE(atomic_load_explicit(&op->sg, memory_order_acquire)) == CI_SLOT_INFLIGHT;
+}
+
+/* A child side's fields as the writer reads them: zeros (and gpu_start unknown) until its first child came. */
+typedef struct ci_children {
+    uint32_t kch_started, started, stopped;
+    uint8_t closed, from_gpu;
+    uint64_t gpu_start, gpu_end, t_complete;
+} ci_children;
+static inline void ci_op_children(const ci_op* op, uint32_t gen, ci_children* c) {
+    /* acquire: pairs with the reporter's release of c_gen after it set the fields up for this op. (A slot would
+       have to serve 2^30 ops with no child in between for a stale c_gen to match; not a practical concern.) */
+    if (atomic_load_explicit(&op->c_gen, memory_order_acquire) != gen) {
+        *c = (ci_children){0, 0, 0, 0, 0, UINT64_MAX, 0, 0};
+        return;
+    }
+    c->kch_started = atomic_load_explicit(&op->kch_started, memory_order_relaxed);
+    c->started = atomic_load_explicit(&op->children_started, memory_order_relaxed);
+    c->stopped = atomic_load_explicit(&op->children_stopped, memory_order_relaxed);
+    c->closed = atomic_load_explicit(&op->c_closed, memory_order_relaxed);
+    c->from_gpu = atomic_load_explicit(&op->from_gpu, memory_order_relaxed);
+    c->gpu_start = atomic_load_explicit(&op->gpu_start, memory_order_relaxed);
+    c->gpu_end = atomic_load_explicit(&op->gpu_end, memory_order_relaxed);
+    c->t_complete = atomic_load_explicit(&op->t_complete, memory_order_relaxed);
+}
+
+/*
+ * Name sets: the four descriptor names of an op (func, datatype, algo, proto) as one id, so the enqueue side
+ * of a slot fits one line. An entry holds the bytes the event path reads (ci_name_window: each name's 24- or
+ * 16-byte window, bytes past its NUL included), so an id always stands for exactly the bytes the slot would
+ * have held, and the four pointers, which choose the bucket. Two kinds of entry:
+ *   - CI_NAMES_BY_POINTER: every pointer is NULL or its window lies in a read-only segment of an object that
+ *     was loaded when the runtime started (NCCL's own name tables: string literals in libnccl), so the bytes
+ *     cannot change while the runtime lives (NCCL, which holds this library, stays loaded until its last
+ *     finalize tears the runtime down); the event path matches it by the four pointers alone;
+ *   - CI_NAMES_BY_CONTENT: any other memory; the event path matches it by the windows' bytes.
+ * Entries are filled once (under `lock`, taken with trylock so the event path never waits) and never change;
+ * an op whose names find no entry and no free bucket has them copied into its slot (CI_NAMES_INLINE). Nothing
+ * is lost either way.
+ */
+#define CI_NAME_WORDS 9           /* 3 + 2 + 2 + 2 words */
+#define CI_NAMES_BITS 10          /* buckets */
+#define CI_NAMES_PROBE 8
+#define CI_NAMES_RO_RANGES 256    /* read-only segments remembered at start; pointers elsewhere go by content */
+enum { CI_NAMES_EMPTY = 0, CI_NAMES_BY_CONTENT = 1, CI_NAMES_BY_POINTER = 2 };
+typedef struct __attribute__((aligned(128))) ci_nameset {
+    _Atomic uint32_t ready;       /* CI_NAMES_*: set once the entry is filled (release) */
+    uint32_t pad;
+    const char* p[4];             /* the pointers as the descriptor gave them (NULL included) */
+    uint64_t w[CI_NAME_WORDS];    /* the windows (NULL: zeros) */
+} ci_nameset;
+typedef struct ci_names {
+    ci_nameset* set;              /* 1 << CI_NAMES_BITS entries */
+    pthread_mutex_t lock;         /* inserts only */
+    uint32_t n_ro;
+    uintptr_t ro[CI_NAMES_RO_RANGES][2]; /* [start, end) of read-only segments loaded at start */
+} ci_names;
+int ci_names_init(ci_names* n);   /* 0, or -1 on allocation failure */
+void ci_names_free(ci_names* n);
+/* Event path, off the common case: the id of the names (an entry matched by content, or inserted), or
+   CI_NAMES_INLINE with their windows in w. */
+uint32_t ci_names_find(ci_names* n, const char* const* p, uint64_t* w, uint64_t hash);
+
+/* Per shard, on a cache line of its own: the free stack of batches, (tag << 32 | head's index + 1) in one word,
+   so a CAS never suffers ABA. A pop reads one line of the head slot (its free word and batch), not a chain. */
 typedef struct __attribute__((aligned(CI_CACHELINE))) ci_shard_lists {
     _Atomic uint64_t free_head;
 } ci_shard_lists;
@@ -212,9 +300,12 @@ typedef struct ci_pool {
     _Atomic uint64_t lost_closes; /* closes that found every ring full (see ci_done_ring) */
     ci_done_ring rings[CI_DONE_RINGS + 1];
     ci_shard_lists lists[CI_SHARDS];
-    /* writer side only: batch of frees per shard (index + 1), pushed as one chain per cycle */
+    /* writer side only: frees per shard gathered into batches (head's index + 1, and how many it lists), then
+       pushed as one chain of batches per cycle */
     _Alignas(CI_CACHELINE) uint32_t chain_top[CI_SHARDS];
     uint32_t chain_bottom[CI_SHARDS];
+    uint32_t filling[CI_SHARDS];      /* head + 1 of the batch being filled, 0 none */
+    uint32_t filling_n[CI_SHARDS];
     /* writer side only: entries of ops whose channel side closed before their enqueue's stopEvent came */
     uint32_t* waiting;
     uint32_t n_waiting;
@@ -222,10 +313,11 @@ typedef struct ci_pool {
 } ci_pool;
 int ci_pool_init(ci_pool* p, uint32_t size);   /* 0, or -1 on allocation failure */
 void ci_pool_free(ci_pool* p);
-/* Takes up to `max` free slot indices for one thread's private cache, from `shard` first, with one CAS;
-   returns how many (0 when every shard is empty). Order: the first index is the one to use first. */
-uint32_t ci_pool_alloc_batch(ci_pool* p, unsigned shard, uint32_t* out, uint32_t max);
-void ci_pool_give_back(ci_pool* p, uint32_t idx); /* a cached, unused slot back to its home shard */
+/* Takes one batch of free slot indices (at most CI_BATCH) for one thread's private cache, from `shard` first,
+   with one CAS; returns how many (0 when every shard is empty). Order: the first index is the one to use first. */
+uint32_t ci_pool_alloc_batch(ci_pool* p, unsigned shard, uint32_t* out);
+/* A thread's cached, unused slots (one batch's, so of one home shard) back to their shard as one batch. */
+void ci_pool_give_back(ci_pool* p, const uint32_t* idx, uint32_t n);
 void ci_pool_prefetch(const ci_pool* p, uint32_t idx); /* the lines the event path writes, for writing */
 /* A free completion ring for the calling thread, or NULL when all are taken (then it uses the shared one). */
 ci_done_ring* ci_pool_ring_claim(ci_pool* p);
@@ -234,17 +326,17 @@ void ci_pool_push_shared(ci_pool* p, uint32_t entry); /* the shared ring: one fe
 /* Writer: every entry of ring `ring` written so far, in order, to fn; frees a ring whose thread left. */
 void ci_pool_drain_ring(ci_pool* p, unsigned ring, void (*fn)(void* arg, uint32_t entry), void* arg);
 
-static inline uint32_t ci_done_entry(const ci_op* op, uint32_t gen) {
-    return (gen << CI_ENTRY_INDEX_BITS) | (op->index + 1);
-}
+static inline uint32_t ci_op_index(const ci_pool* p, const ci_op* op) { return (uint32_t)(op - p->ops); }
+static inline uint32_t ci_done_entry(uint32_t index, uint32_t gen) { return (gen << CI_ENTRY_INDEX_BITS) | (index + 1); }
 static inline uint32_t ci_entry_index(uint32_t entry) { return (entry & ((1u << CI_ENTRY_INDEX_BITS) - 1)) - 1; }
 static inline int ci_entry_gen_matches(uint32_t entry, uint32_t gen) {
     return (entry >> CI_ENTRY_INDEX_BITS) == (gen & ((1u << (32 - CI_ENTRY_INDEX_BITS)) - 1));
 }
 
-/* Event path: the owning thread's entry at its position `pos`; 0 when that entry is still taken (full). */
-static inline int ci_done_ring_push(ci_done_ring* r, uint32_t pos, uint32_t mask, uint32_t entry) {
-    _Atomic uint32_t* e = &r->slots[pos & mask];
+/* Event path: the owning thread's entry at its position `pos` of its ring's `slots`; 0 when that entry is still
+   taken (full). */
+static inline int ci_done_ring_push(_Atomic uint32_t* slots, uint32_t pos, uint32_t mask, uint32_t entry) {
+    _Atomic uint32_t* e = &slots[pos & mask];
     if (__builtin_expect(atomic_load_explicit(e, memory_order_relaxed) != 0, 0)) return 0;
     /* release: the op's fields written by this thread are visible to the writer that reads the entry */
     atomic_store_explicit(e, entry, memory_order_release);
@@ -254,29 +346,31 @@ void ci_pool_release(ci_pool* p, ci_op* op);      /* writer side: queued for its
 void ci_pool_flush_frees(ci_pool* p);             /* writer side: one CAS per shard for all queued frees */
 
 /*
- * Copies a descriptor name into a slot's field of `cap` bytes (16 or 24) on the event path. On x86-64 a
- * name whose `cap`-byte window lies inside one page is copied as whole 8-byte words without looking for
- * its end (the same page-confined over-read libc's string functions do, so it never faults): the field
- * then holds the name, its NUL when the name is shorter, and possibly bytes that followed it in the
- * caller's memory, which every reader ignores (they stop at the NUL or the field's end). Otherwise, and on
- * other architectures, it is ci_copy_str. About 8 instructions instead of two libc calls.
+ * Reads a descriptor name as the event path keeps it: the `cap`-byte window (16 or 24) at `src`, into `w`. On
+ * x86-64 a window that lies inside one page is read as whole 8-byte words without looking for the name's end
+ * (the same page-confined over-read libc's string functions do, so it never faults): it holds the name, its
+ * NUL when the name is shorter, and possibly bytes that followed it in the caller's memory, which every reader
+ * ignores (they stop at the NUL or the field's end). Otherwise, and on other architectures, it is ci_copy_str
+ * (NULL gives an empty name). A few loads instead of two libc calls.
  */
 void ci_copy_str(char* dst, size_t cap, const char* src);
 typedef uint64_t ci_word_u __attribute__((may_alias, aligned(1)));
 /* the over-read is deliberate and page-confined (above): the sanitizers are told not to check it */
-static inline __attribute__((no_sanitize_address, no_sanitize_thread)) void ci_name_copy_words(char* dst,
+static inline __attribute__((no_sanitize_address, no_sanitize_thread)) void ci_name_read_words(uint64_t* w,
                                                                                                  const char* src,
                                                                                                  size_t cap) {
-    for (size_t i = 0; i < cap; i += 8) *(ci_word_u*)(dst + i) = *(const ci_word_u*)(src + i);
+    for (size_t i = 0; i < cap; i += 8) w[i / 8] = *(const ci_word_u*)(src + i);
 }
-static inline void ci_name_copy(char* dst, size_t cap, const char* src) {
+static inline void ci_name_window(uint64_t* w, size_t cap, const char* src) {
 #if defined(__x86_64__)
     if (__builtin_expect(src != NULL && ((uintptr_t)src & 4095u) <= 4096u - cap, 1)) {
-        ci_name_copy_words(dst, src, cap);
+        ci_name_read_words(w, src, cap);
         return;
     }
 #endif
-    ci_copy_str(dst, cap, src);
+    char buf[24] = {0};
+    ci_copy_str(buf, cap, src);
+    memcpy(w, buf, cap);
 }
 
 /* ---- ring.c: SPSC shared-memory ring (layout in comminsight_ring.h) ---- */
@@ -330,6 +424,7 @@ typedef struct ci_runtime {
     /* read on every child/stop event, written at start only: kept off the writer's lines below */
     _Alignas(CI_CACHELINE) uintptr_t pool_base;
     uintptr_t pool_bytes;
+    ci_nameset* names_set;       /* names.set: read on every op start */
     _Alignas(CI_CACHELINE) int32_t pid;
     int32_t cuda_device;
     char host[64];
@@ -340,6 +435,7 @@ typedef struct ci_runtime {
     ci_ring ring;
     int ring_ok;
     ci_segment_writer seg;
+    ci_names names;              /* inserts (event path, off the common case) take its own lock, not out_lock */
     uint64_t record_seq;
     uint64_t last_hang_scan_ns;
     ci_op_record batch[64];

@@ -73,17 +73,21 @@ static int evidence_open(ci_runtime* rt, evidence* e, const char* reason, uint64
 }
 
 /* Parts of an op still open: the enqueue until its stop, announced channels not started, children not stopped. */
-static unsigned parts_open(const ci_op* op) {
+static unsigned parts_open(const ci_op* op, const ci_children* c) {
     if (op->n_channels == 0) return (unsigned)(atomic_load_explicit(&op->refs, memory_order_relaxed) & 0xffffffffu);
-    unsigned kch = atomic_load_explicit(&op->kch_started, memory_order_relaxed);
+    unsigned kch = c->kch_started;
     return (atomic_load_explicit(&op->t_stop, memory_order_relaxed) == 0) +
-           (kch < op->n_channels ? op->n_channels - kch : 0) +
-           (uint16_t)(atomic_load_explicit(&op->children_started, memory_order_relaxed) -
-                      atomic_load_explicit(&op->children_stopped, memory_order_relaxed));
+           (kch < op->n_channels ? op->n_channels - kch : 0) + (uint16_t)(c->started - c->stopped);
+}
+
+static void children_of(const ci_op* op, ci_children* c) {
+    ci_op_children(op, CI_SG_GEN(atomic_load_explicit(&op->sg, memory_order_relaxed)), c);
 }
 
 static void evidence_add(evidence* e, const ci_op_record* r, const ci_op* op, uint64_t now_ns) {
     if (e->f == NULL) return;
+    ci_children c;
+    children_of(op, &c);
     fprintf(e->f, "%s\n  {\"comm_hash\": %llu, \"comm_name\": ", e->n ? "," : "", (unsigned long long)r->comm_hash);
     json_str(e->f, r->comm_name, sizeof(r->comm_name));
     fprintf(e->f, ", \"rank\": %d, \"nranks\": %d, \"func\": ", r->rank, r->nranks);
@@ -96,8 +100,7 @@ static void evidence_add(evidence* e, const ci_op_record* r, const ci_op* op, ui
             state_name(r->state), (unsigned long long)r->enqueue_start_ns, (unsigned long long)r->enqueue_end_ns,
             (unsigned long long)(now_ns > r->enqueue_start_ns ? now_ns - r->enqueue_start_ns : 0),
             (unsigned long long)r->gpu_start_ns,
-            (unsigned)atomic_load_explicit(&op->kch_started, memory_order_relaxed), (unsigned)op->n_channels,
-            parts_open(op), (unsigned long long)r->record_seq);
+            (unsigned)c.kch_started, (unsigned)op->n_channels, parts_open(op, &c), (unsigned long long)r->record_seq);
     e->n++;
 }
 
@@ -117,7 +120,7 @@ void ci_hang_scan_locked(ci_runtime* rt, uint64_t now_ns) {
     for (uint32_t i = 0; i < rt->pool.size; i++) {
         ci_op* op = &rt->pool.ops[i];
         /* acquire: pairs with the release that published the slot as INFLIGHT */
-        if (atomic_load_explicit(&op->state, memory_order_acquire) != CI_SLOT_INFLIGHT || op->reported) continue;
+        if (!ci_op_inflight(op) || op->reported) continue;
         uint64_t t0 = atomic_load_explicit(&op->t_start, memory_order_relaxed);
         /* signed: an op started on another core after now_ticks was read has a negative age, not a huge one */
         if ((double)(int64_t)(now_ticks - t0) < limit_ticks) continue;
@@ -137,7 +140,7 @@ void ci_hang_report_inflight_locked(ci_runtime* rt, uint64_t report_ns) {
     for (uint32_t i = 0; i < rt->pool.size; i++) {
         ci_op* op = &rt->pool.ops[i];
         /* acquire: pairs with the release that published the slot as INFLIGHT */
-        if (atomic_load_explicit(&op->state, memory_order_acquire) != CI_SLOT_INFLIGHT || op->snapped) continue;
+        if (!ci_op_inflight(op) || op->snapped) continue;
         uint64_t t0 = atomic_load_explicit(&op->t_start, memory_order_relaxed);
         if ((double)(int64_t)(now_ticks - t0) < limit_ticks) continue;
         op->snapped = 1;
@@ -150,7 +153,7 @@ void ci_hang_abandon_locked(ci_runtime* rt, const ci_comm* comm) {
     evidence e = {0};
     for (uint32_t i = 0; i < rt->pool.size; i++) {
         ci_op* op = &rt->pool.ops[i];
-        if (atomic_load_explicit(&op->state, memory_order_acquire) != CI_SLOT_INFLIGHT) continue;
+        if (!ci_op_inflight(op)) continue;
         if (comm != NULL && op->comm != comm) continue;
         if (op->n_channels == 0) {
             /* take the op out of flight unless its last part already closed: exactly one side wins (plugin.c) */
@@ -159,9 +162,10 @@ void ci_hang_abandon_locked(ci_runtime* rt, const ci_comm* comm) {
         }
         /* with announced channels only this thread (under out_lock) completes ops; a close entry that comes
            after this is stale (the slot is no longer in flight, or serves a later generation) */
-        atomic_store_explicit(&op->state, CI_SLOT_DONE, memory_order_relaxed);
-        int enqueued_only = atomic_load_explicit(&op->t_stop, memory_order_relaxed) != 0 &&
-                            atomic_load_explicit(&op->children_started, memory_order_relaxed) == 0;
+        ci_op_set_done(op);
+        ci_children c;
+        children_of(op, &c);
+        int enqueued_only = atomic_load_explicit(&op->t_stop, memory_order_relaxed) != 0 && c.started == 0;
         ci_op_record rec;
         ci_writer_emit_locked(rt, op, enqueued_only ? CI_STATE_ENQUEUED : CI_STATE_ABANDONED, &rec);
         if (e.f == NULL && e.n == 0 && evidence_open(rt, &e, "finalize", now_ns) != 0) e.n = -1;

@@ -3,12 +3,16 @@
  * free stacks and their completion lists.
  *
  * Slots are split into CI_SHARDS contiguous blocks, each with its own free
- * stack (Treiber, LIFO); a thread allocates from its shard and steals from
- * the others only when its own is empty, so concurrent producers do not
- * share a counter. The head word carries a 32-bit tag bumped by every
- * change, so a CAS cannot succeed on a recycled head (no ABA). The writer
- * returns each slot to its home shard as one chain per shard per cycle (one
- * CAS), so it rarely contends with producers on the stack heads.
+ * stack (Treiber, LIFO) of batches: a batch is a head slot whose free-list
+ * line lists up to CI_BATCH - 1 more slots, so a pop reads one line and
+ * takes a whole batch with one CAS (a stack of single slots made a pop walk
+ * a chain of links, one dependent cache miss per slot). A thread allocates
+ * from its shard and steals from the others only when its own is empty, so
+ * concurrent producers do not share a counter. The head word carries a
+ * 32-bit tag bumped by every change, so a CAS cannot succeed on a recycled
+ * head (no ABA). The writer gathers the slots it frees into batches of their
+ * home shard and pushes them as one chain per shard per cycle (one CAS), so
+ * it rarely contends with producers on the stack heads.
  *
  * Completion: the thread that closes an op's channel side tells the writer
  * with one entry on its own completion ring (ci_done_ring: no shared head,
@@ -18,8 +22,8 @@
  * decides that an op is complete (plugin.c).
  *
  * Cross-core cost: the writer reads a completed slot's lines, and LIFO hands
- * that slot to a producer again soon after. So when a producer pops a slot
- * it prefetches the next slot of its stack for writing: those lines come
+ * that slot to a producer again soon after. So when a producer takes a slot
+ * it prefetches the next slot of its cache for writing: those lines come
  * back with ownership while the current operation runs, not when the next
  * one starts. Handles given to NCCL are slot addresses (256-byte aligned),
  * with the low bits tagging children.
@@ -29,14 +33,29 @@
 
 #include "ci_internal.h"
 
-static void stack_push(ci_pool* p, ci_shard_lists* s, uint32_t idx) {
+/* The free word of a batch's head: how many slots it lists besides itself, and the next batch's head + 1. */
+#define FREE_WORD(extra, next) (((uint32_t)(extra) << 24) | (next))
+#define FREE_NEXT(w) ((w) & 0xffffffu)
+#define FREE_EXTRA(w) ((w) >> 24)
+
+/* Pushes a chain of batches (top .. bottom, linked through their free words) with one CAS. */
+static void stack_push_chain(ci_pool* p, ci_shard_lists* s, uint32_t top, uint32_t bottom) {
+    ci_op* b = &p->ops[bottom - 1];
+    uint32_t extra = FREE_EXTRA(atomic_load_explicit(&b->free_word, memory_order_relaxed));
     uint64_t old = atomic_load_explicit(&s->free_head, memory_order_relaxed), next;
     do {
-        atomic_store_explicit(&p->ops[idx].link, (uint32_t)old, memory_order_relaxed);
-        next = (((old >> 32) + 1) << 32) | (uint64_t)(idx + 1);
-        /* release: the slot's link (and the writer's reads of it) come before a producer can pop it */
+        atomic_store_explicit(&b->free_word, FREE_WORD(extra, (uint32_t)old), memory_order_relaxed);
+        next = (((old >> 32) + 1) << 32) | (uint64_t)top;
+        /* release: the batches' free words and lists come before a producer can pop them */
     } while (!atomic_compare_exchange_weak_explicit(&s->free_head, &old, next, memory_order_release,
                                                     memory_order_relaxed));
+}
+
+/* Makes idx[0..n) one batch headed by idx[0] (not linked yet). */
+static void batch_fill(ci_pool* p, const uint32_t* idx, uint32_t n) {
+    ci_op* h = &p->ops[idx[0]];
+    for (uint32_t i = 1; i < n; i++) atomic_store_explicit(&h->batch[i - 1], idx[i], memory_order_relaxed);
+    atomic_store_explicit(&h->free_word, FREE_WORD(n - 1, 0), memory_order_relaxed);
 }
 
 int ci_pool_init(ci_pool* p, uint32_t size) {
@@ -70,11 +89,13 @@ int ci_pool_init(ci_pool* p, uint32_t size) {
     atomic_store_explicit(&p->rings[CI_DONE_RINGS].state, 1u, memory_order_relaxed); /* shared: never claimed */
     for (int s = 0; s < CI_SHARDS; s++) {
         atomic_init(&p->lists[s].free_head, 0);
-        /* pushed high to low so the first pops walk the block in address order */
-        for (uint32_t i = p->per_shard; i-- > 0;) {
-            uint32_t idx = (uint32_t)s * p->per_shard + i;
-            p->ops[idx].index = idx;
-            stack_push(p, &p->lists[s], idx);
+        /* batches of consecutive slots, pushed high to low so the first pops walk the block in address order */
+        uint32_t base = (uint32_t)s * p->per_shard, idx[CI_BATCH];
+        for (uint32_t b = (p->per_shard + CI_BATCH - 1) / CI_BATCH; b-- > 0;) {
+            uint32_t first = b * CI_BATCH, n = p->per_shard - first < CI_BATCH ? p->per_shard - first : CI_BATCH;
+            for (uint32_t i = 0; i < n; i++) idx[i] = base + first + i;
+            batch_fill(p, idx, n);
+            stack_push_chain(p, &p->lists[s], idx[0] + 1, idx[0] + 1);
         }
     }
     return 0;
@@ -93,43 +114,48 @@ void ci_pool_free(ci_pool* p) {
     p->ops = NULL;
 }
 
-/* Pops up to `max` slots of one stack with one CAS; returns how many (0 when the stack is empty). */
-static uint32_t stack_pop_chain(ci_pool* p, ci_shard_lists* s, uint32_t* out, uint32_t max) {
-    /* acquire: pairs with the pushes' release, so the links walked below are the pushed ones */
+/* Pops one batch with one CAS; returns how many slots it gave (0 when the stack is empty). */
+static uint32_t stack_pop_batch(ci_pool* p, ci_shard_lists* s, uint32_t* out) {
+    /* acquire: pairs with the pushes' release, so the free word and list read below are the pushed ones */
     uint64_t old = atomic_load_explicit(&s->free_head, memory_order_acquire), next;
     uint32_t n;
     do {
-        n = 0;
         uint32_t top = (uint32_t)old;
-        /* the walk may read stale links if another thread pops first: the tag then fails the CAS */
-        while (top != 0 && n < max) {
-            out[n++] = top - 1;
-            top = atomic_load_explicit(&p->ops[top - 1].link, memory_order_relaxed);
-        }
-        if (n == 0) return 0;
-        next = (((old >> 32) + 1) << 32) | top;
+        if (top == 0) return 0;
+        /* the head may be popped by another thread meanwhile: what is read then is stale and the tag fails the
+           CAS; `extra` is clamped so a stale word cannot overrun `out` */
+        ci_op* h = &p->ops[top - 1];
+        uint32_t w = atomic_load_explicit(&h->free_word, memory_order_relaxed);
+        uint32_t extra = FREE_EXTRA(w) < CI_BATCH ? FREE_EXTRA(w) : CI_BATCH - 1;
+        out[0] = top - 1;
+        for (uint32_t i = 0; i < extra; i++) out[1 + i] = atomic_load_explicit(&h->batch[i], memory_order_relaxed);
+        n = extra + 1;
+        next = (((old >> 32) + 1) << 32) | FREE_NEXT(w);
     } while (!atomic_compare_exchange_weak_explicit(&s->free_head, &old, next, memory_order_acquire,
                                                     memory_order_acquire));
     return n;
 }
 
-uint32_t ci_pool_alloc_batch(ci_pool* p, unsigned shard, uint32_t* out, uint32_t max) {
+uint32_t ci_pool_alloc_batch(ci_pool* p, unsigned shard, uint32_t* out) {
     for (unsigned k = 0; k < CI_SHARDS; k++) {
-        uint32_t n = stack_pop_chain(p, &p->lists[(shard + k) % CI_SHARDS], out, max);
+        uint32_t n = stack_pop_batch(p, &p->lists[(shard + k) % CI_SHARDS], out);
         if (n != 0) return n;
     }
     return 0;
 }
 
-void ci_pool_give_back(ci_pool* p, uint32_t idx) {
-    stack_push(p, &p->lists[idx / p->per_shard], idx);
+void ci_pool_give_back(ci_pool* p, const uint32_t* idx, uint32_t n) {
+    if (n == 0) return;
+    batch_fill(p, idx, n);
+    stack_push_chain(p, &p->lists[idx[0] / p->per_shard], idx[0] + 1, idx[0] + 1);
 }
 
 void ci_pool_prefetch(const ci_pool* p, uint32_t idx) {
+    /* the enqueue side's line and the channel side's (the benchmark's one thread writes both; under NCCL the
+       proxy thread writes the second) */
     const char* n = (const char*)&p->ops[idx];
     ci_prefetch_for_write(n);
     ci_prefetch_for_write(n + CI_CACHELINE);
-    ci_prefetch_for_write(n + 2 * CI_CACHELINE);
 }
 
 ci_done_ring* ci_pool_ring_claim(ci_pool* p) {
@@ -179,26 +205,39 @@ void ci_pool_drain_ring(ci_pool* p, unsigned ring, void (*fn)(void* arg, uint32_
     }
 }
 
+/* Writer side: the batch being filled for shard `s` joins the shard's private chain. */
+static void batch_close(ci_pool* p, unsigned s) {
+    uint32_t head = p->filling[s];
+    if (head == 0) return;
+    ci_op* h = &p->ops[head - 1];
+    atomic_store_explicit(&h->free_word, FREE_WORD(p->filling_n[s], p->chain_top[s]), memory_order_relaxed);
+    if (p->chain_top[s] == 0) p->chain_bottom[s] = head;
+    p->chain_top[s] = head;
+    p->filling[s] = 0;
+}
+
 void ci_pool_release(ci_pool* p, ci_op* op) {
-    /* the state stays DONE (not in flight) until the next op_start; the slot joins a private chain and
-       reaches the shared stack in ci_pool_flush_frees, so producers and the writer meet once per batch */
-    uint32_t s = op->index / p->per_shard;
-    atomic_store_explicit(&op->link, p->chain_top[s], memory_order_relaxed);
-    if (p->chain_top[s] == 0) p->chain_bottom[s] = op->index + 1;
-    p->chain_top[s] = op->index + 1;
+    /* the state stays DONE (not in flight) until the next op_start; the slot joins a batch of its home shard,
+       and batches reach the shared stack in ci_pool_flush_frees, so producers and the writer meet once per
+       cycle. The writer's flags are cleared here, and only when set, so the channel side's line is not
+       written for every op */
+    uint32_t idx = ci_op_index(p, op);
+    unsigned s = idx / p->per_shard;
+    if (op->reported | op->snapped) op->reported = op->snapped = 0;
+    if (p->filling[s] == 0) {
+        p->filling[s] = idx + 1;
+        p->filling_n[s] = 0;
+    } else {
+        atomic_store_explicit(&p->ops[p->filling[s] - 1].batch[p->filling_n[s]++], idx, memory_order_relaxed);
+    }
+    if (p->filling_n[s] == CI_BATCH - 1) batch_close(p, s);
 }
 
 void ci_pool_flush_frees(ci_pool* p) {
-    for (int s = 0; s < CI_SHARDS; s++) {
+    for (unsigned s = 0; s < CI_SHARDS; s++) {
+        batch_close(p, s);
         if (p->chain_top[s] == 0) continue;
-        ci_op* bottom = &p->ops[p->chain_bottom[s] - 1];
-        uint64_t old = atomic_load_explicit(&p->lists[s].free_head, memory_order_relaxed), next;
-        do {
-            atomic_store_explicit(&bottom->link, (uint32_t)old, memory_order_relaxed);
-            next = (((old >> 32) + 1) << 32) | p->chain_top[s];
-            /* release: the chain's links come before a producer can pop its first slot */
-        } while (!atomic_compare_exchange_weak_explicit(&p->lists[s].free_head, &old, next, memory_order_release,
-                                                        memory_order_relaxed));
+        stack_push_chain(p, &p->lists[s], p->chain_top[s], p->chain_bottom[s]);
         p->chain_top[s] = p->chain_bottom[s] = 0;
     }
 }

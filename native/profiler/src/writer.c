@@ -44,9 +44,10 @@ static uint32_t fnv_words(const ci_op_record* r) {
 
 /* One (host completion - GPU end) sample from an op whose completion was read on the host. */
 static void gpu_offset_sample(ci_runtime* rt, const ci_op* op) {
-    uint64_t ge = atomic_load_explicit(&op->gpu_end, memory_order_relaxed);
-    uint64_t tc = atomic_load_explicit(&op->t_complete, memory_order_relaxed);
-    if (ge == 0 || tc == 0 || atomic_load_explicit(&op->from_gpu, memory_order_relaxed)) return;
+    ci_children c;
+    ci_op_children(op, CI_SG_GEN(atomic_load_explicit(&op->sg, memory_order_relaxed)), &c);
+    uint64_t ge = c.gpu_end, tc = c.t_complete;
+    if (ge == 0 || tc == 0 || c.from_gpu) return;
     int64_t d = (int64_t)(ci_clock_to_ns(&rt->clock, tc) - ge);
     if (rt->gpu_offset_cur_n++ == 0 || d < rt->gpu_offset_cur) rt->gpu_offset_cur = d;
 }
@@ -60,10 +61,10 @@ static void gpu_offset_rotate(ci_runtime* rt, uint64_t now_ns) {
     rt->gpu_offset_window_ns = now_ns;
 }
 
-static uint64_t complete_ns(ci_runtime* rt, const ci_op* op, ci_op_record* r) {
+static uint64_t complete_ns(ci_runtime* rt, const ci_op* op, const ci_children* c, ci_op_record* r) {
     if (!(r->flags & CI_FLAG_COMPLETE_FROM_GPU)) {
         /* the later of the two sides' closes: the enqueue's stop may come after the last channel's */
-        uint64_t tc = atomic_load_explicit(&op->t_complete, memory_order_relaxed);
+        uint64_t tc = c->t_complete;
         uint64_t ts = atomic_load_explicit(&op->t_stop, memory_order_relaxed);
         return ci_clock_to_ns(&rt->clock, (int64_t)(ts - tc) > 0 ? ts : tc);
     }
@@ -82,27 +83,36 @@ static uint64_t complete_ns(ci_runtime* rt, const ci_op* op, ci_op_record* r) {
     return t < r->enqueue_end_ns ? r->enqueue_end_ns : t;
 }
 
+/* The op's four name windows, 72 bytes (func 24, dtype 16, algo 16, proto 16): its name set's, or the slot's. */
+static const char* name_windows(const ci_runtime* rt, const ci_op* op) {
+    _Static_assert(__builtin_offsetof(ci_op, proto) - __builtin_offsetof(ci_op, func) == 56, "names back to back");
+    return op->names == CI_NAMES_INLINE ? op->func : (const char*)rt->names_set[op->names].w;
+}
+
 static void fill_record(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op_record* r) {
     memset(r, 0, sizeof(*r));
     const ci_comm* c = op->comm;
-    uint32_t kch = atomic_load_explicit(&op->kch_started, memory_order_relaxed);
+    ci_children ch;
+    ci_op_children(op, CI_SG_GEN(atomic_load_explicit(&op->sg, memory_order_relaxed)), &ch);
+    uint32_t kch = ch.kch_started;
     r->magic = CI_RECORD_MAGIC;
-    r->kind = op->kind;
+    r->kind = op->kind & (uint8_t)~CI_OPK_API_STREAM;
     r->state = state;
     r->n_channels = (uint8_t)(kch ? (kch > 255 ? 255 : kch) : op->n_channels);
-    r->flags = op->flags;
-    if (atomic_load_explicit(&op->from_gpu, memory_order_relaxed)) r->flags |= CI_FLAG_COMPLETE_FROM_GPU;
-    /* up to the NUL or the field's end only (the slot's fields may hold bytes past the name, see ci_op), and
+    r->flags = (op->kind & CI_OPK_API_STREAM) ? CI_FLAG_API_STREAM : 0;
+    if (ch.from_gpu) r->flags |= CI_FLAG_COMPLETE_FROM_GPU;
+    /* up to the NUL or the field's end only (the windows may hold bytes past the name, see ci_name_window), and
        the record (memset above) carries zeros after it, so equal operations give equal bytes */
-    ci_copy_str(r->func, sizeof(r->func), op->func);
-    ci_copy_str(r->dtype, sizeof(r->dtype), op->dtype);
-    ci_copy_str(r->algo, sizeof(r->algo), op->algo);
-    ci_copy_str(r->proto, sizeof(r->proto), op->proto);
+    const char* names = name_windows(rt, op);
+    ci_copy_str(r->func, sizeof(r->func), names);
+    ci_copy_str(r->dtype, sizeof(r->dtype), names + 24);
+    ci_copy_str(r->algo, sizeof(r->algo), names + 40);
+    ci_copy_str(r->proto, sizeof(r->proto), names + 56);
     r->rank = c->rank;
     r->nranks = c->nranks;
     r->nnodes = c->nnodes;
     /* NCCL passes root 0 to unrooted collectives: only Broadcast/Reduce keep it */
-    r->peer = (op->kind == CI_KIND_COLL && strcmp(r->func, "Broadcast") != 0 && strcmp(r->func, "Reduce") != 0)
+    r->peer = (r->kind == CI_KIND_COLL && strcmp(r->func, "Broadcast") != 0 && strcmp(r->func, "Reduce") != 0)
                   ? -1
                   : op->peer;
     r->pid = rt->pid;
@@ -115,11 +125,9 @@ static void fill_record(ci_runtime* rt, const ci_op* op, uint8_t state, ci_op_re
     r->stream = op->stream;
     r->enqueue_start_ns = ci_clock_to_ns(&rt->clock, atomic_load_explicit(&op->t_start, memory_order_relaxed));
     r->enqueue_end_ns = ci_clock_to_ns(&rt->clock, atomic_load_explicit(&op->t_stop, memory_order_relaxed));
-    uint64_t gs = atomic_load_explicit(&op->gpu_start, memory_order_relaxed);
-    uint64_t ge = atomic_load_explicit(&op->gpu_end, memory_order_relaxed);
-    r->gpu_start_ns = gs == UINT64_MAX ? 0 : gs;
-    r->gpu_end_ns = ge;
-    r->complete_ns = state == CI_STATE_COMPLETED ? complete_ns(rt, op, r) : 0;
+    r->gpu_start_ns = ch.gpu_start == UINT64_MAX ? 0 : ch.gpu_start;
+    r->gpu_end_ns = ch.gpu_end;
+    r->complete_ns = state == CI_STATE_COMPLETED ? complete_ns(rt, op, &ch, r) : 0;
     if (r->gpu_start_ns != 0 && r->gpu_end_ns != 0) r->flags |= CI_FLAG_GPU_TIMES;
     r->record_seq = rt->record_seq++;
     ci_copy_str(r->comm_name, sizeof(r->comm_name), c->name);
@@ -165,16 +173,15 @@ static int entry_live(const ci_pool* p, uint32_t entry, ci_op** out) {
     ci_op* op = &p->ops[idx];
     /* acquire: pairs with op start's release; an entry of an earlier op of the slot (taken out of flight by
        finalize, then reused) names another generation and is stale */
-    if (atomic_load_explicit(&op->state, memory_order_acquire) != CI_SLOT_INFLIGHT ||
-        !ci_entry_gen_matches(entry, atomic_load_explicit(&op->gen, memory_order_relaxed)))
-        return 0;
+    uint32_t sg = atomic_load_explicit(&op->sg, memory_order_acquire);
+    if (CI_SG_STATE(sg) != CI_SLOT_INFLIGHT || !ci_entry_gen_matches(entry, CI_SG_GEN(sg))) return 0;
     *out = op;
     return 1;
 }
 
 static void take_done(drain_batch* b, ci_op* op) {
-    atomic_store_explicit(&op->state, CI_SLOT_DONE, memory_order_relaxed);
-    b->done[b->n++] = op->index + 1;
+    ci_op_set_done(op);
+    b->done[b->n++] = ci_op_index(&b->rt->pool, op) + 1;
 }
 
 /* One completion-ring entry: the op's channel side closed (or, without announced channels, its last part). */

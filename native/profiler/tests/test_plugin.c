@@ -504,7 +504,7 @@ static void test_channels_closing_before_the_enqueue_stop_wait_for_it(void) {
         ci_writer_cycle_locked(ci_rt);
         pthread_mutex_unlock(&ci_rt->out_lock);
     }
-    CHECK(atomic_load(&slot_of(h)->state) == CI_SLOT_INFLIGHT, "not complete before the enqueue's stop");
+    CHECK(ci_op_inflight(slot_of(h)), "not complete before the enqueue's stop");
     usleep(20000);
     ncclProfiler_v5.stopEvent(h);
     ncclProfiler_v5.finalize(ctx);
@@ -539,8 +539,9 @@ static void test_stale_handles_do_not_touch_the_next_op_of_the_slot(void) {
     void* kh = (void*)1;
     ncclProfiler_v5.startEvent(ctx, &kh, &k);
     CHECK(kh == NULL, "a child of a stale parent gets no handle");
-    CHECK(atomic_load(&slot->kch_started) == 0 && atomic_load(&slot->state) == CI_SLOT_INFLIGHT,
-          "the new op is untouched");
+    ci_children c;
+    ci_op_children(slot, CI_SG_GEN(atomic_load(&slot->sg)), &c);
+    CHECK(c.kch_started == 0 && c.started == 0 && ci_op_inflight(slot), "the new op is untouched");
     ncclProfiler_v5.finalize(ctx);
     unsetenv("COMMINSIGHT_POOL_SIZE");
     tally t = read_logs();
@@ -693,6 +694,86 @@ static void test_p2p_sequence_per_peer(void) {
     printf("ok   P2P sequence numbers per (comm, func, peer)\n");
 }
 
+/* Every valid record of <home>/inspector_logs, into recs (at most cap); returns how many. */
+static long read_records(ci_op_record* recs, long cap) {
+    char dir[320];
+    snprintf(dir, sizeof(dir), "%s/inspector_logs", g_home);
+    DIR* d = opendir(dir);
+    long n = 0;
+    if (d == NULL) return 0;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        if (strstr(e->d_name, ".cilog") == NULL) continue;
+        char path[640];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        FILE* f = fopen(path, "rb");
+        if (f == NULL) continue;
+        ci_log_header h;
+        if (fread(&h, sizeof(h), 1, f) == 1)
+            while (n < cap && fread(&recs[n], sizeof(recs[n]), 1, f) == 1)
+                if (recs[n].magic == CI_RECORD_MAGIC && recs[n].checksum == fnv(&recs[n])) n++;
+        fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
+/* Names are kept as ids of name sets: names in memory that changes between ops, and more distinct names than
+   the table holds, must still reach each record exactly as given. */
+static void test_names_in_changing_memory_and_past_the_table_reach_records(void) {
+    enum { DISTINCT = 3000 }; /* more than the table's buckets: the rest are copied into their slots */
+    fresh_home("names");
+    setenv("COMMINSIGHT_POOL_SIZE", "8192", 1);
+    void* ctx = init5("names", 2, 0);
+    char* func = malloc(32); /* writable memory, same pointers every op: matched by content */
+    char* dtype = malloc(32);
+    for (int i = 0; i < DISTINCT; i++) {
+        memset(func, 'x', 32); /* bytes past the NUL change too, and must not show */
+        memset(dtype, 'y', 32);
+        snprintf(func, 24, "Func%d", i);
+        snprintf(dtype, 16, "dt%d", i % 7);
+        ncclProfilerEventDescr_v5_t d;
+        memset(&d, 0, sizeof(d));
+        d.type = ncclProfileColl;
+        d.coll.seqNumber = (uint64_t)i;
+        d.coll.func = func;
+        d.coll.datatype = dtype;
+        d.coll.nChannels = 1;
+        d.coll.algo = (i % 2) ? "Tree" : NULL;
+        d.coll.proto = "LL";
+        void *h = NULL, *kh = NULL;
+        ncclProfiler_v5.startEvent(ctx, &h, &d);
+        ncclProfiler_v5.stopEvent(h);
+        ncclProfilerEventDescr_v5_t k;
+        memset(&k, 0, sizeof(k));
+        k.type = ncclProfileKernelCh;
+        k.parentObj = h;
+        ncclProfiler_v5.startEvent(ctx, &kh, &k);
+        ncclProfiler_v5.stopEvent(kh);
+    }
+    ncclProfiler_v5.finalize(ctx);
+    unsetenv("COMMINSIGHT_POOL_SIZE");
+    free(func);
+    free(dtype);
+    static ci_op_record recs[DISTINCT + 16];
+    long n = read_records(recs, DISTINCT + 16);
+    int wrong = 0;
+    for (long i = 0; i < n; i++) {
+        char want[24], want_dt[16];
+        snprintf(want, sizeof(want), "Func%llu", (unsigned long long)recs[i].seq);
+        snprintf(want_dt, sizeof(want_dt), "dt%llu", (unsigned long long)(recs[i].seq % 7));
+        const char* want_algo = (recs[i].seq % 2) ? "Tree" : "";
+        char zeros[24] = {0};
+        size_t fl = strlen(want);
+        if (strcmp(recs[i].func, want) != 0 || strcmp(recs[i].dtype, want_dt) != 0 ||
+            strcmp(recs[i].algo, want_algo) != 0 || strcmp(recs[i].proto, "LL") != 0 ||
+            memcmp(recs[i].func + fl, zeros, sizeof(recs[i].func) - fl) != 0)
+            wrong++;
+    }
+    CHECK(n == DISTINCT && wrong == 0, "records %ld, %d with other names than given", n, wrong);
+    printf("ok   %d distinct names from changing memory reach their records as given\n", DISTINCT);
+}
+
 int main(void) {
     test_every_v5_event_type();
     test_every_v4_event_type();
@@ -712,6 +793,7 @@ int main(void) {
     test_completion_times_from_the_gpu_timer_follow_the_host_clock();
     test_unwritable_home_degrades();
     test_p2p_sequence_per_peer();
+    test_names_in_changing_memory_and_past_the_table_reach_records();
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf /tmp/ci-check-%d-*", (int)getpid());
     if (system(cmd) != 0) failures++;
