@@ -2,7 +2,7 @@
 # Hot path on the GPU host in one device call (docs/profiler.md, "The hot-path benchmark"):
 #   1. build this checkout's plugin and, when BEFORE_SRC holds an earlier native/profiler, that build too;
 #   2. `profiler_hotpath` for 1/2/4/8 threads against the no-op plugin, before and after alternating,
-#      ROUNDS times (default 5), so both see the same neighbours;
+#      HOT_ROUNDS times (default ROUNDS, 5), so both see the same neighbours;
 #   3. the 8-rank lab job's step time without and with the plugin, alternating ROUNDS times
 #      (scripts/gpu_lab.py), with its spread;
 #   4. make check (ASan+UBSan, TSan) on that machine;
@@ -17,6 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/gpu_lab_hotpath}
 ROUNDS=${ROUNDS:-5}
+HOT_ROUNDS=${HOT_ROUNDS:-$ROUNDS}
 # phase limits, so one call fits a device-time budget: the lab job's steps and timeout, make check's timeout
 LAB_STEPS=${LAB_STEPS:-20} LAB_WARMUP=${LAB_WARMUP:-5} LAB_TIMEOUT=${LAB_TIMEOUT:-240} CHECK_TIMEOUT=${CHECK_TIMEOUT:-90}
 mkdir -p "$OUT"
@@ -40,8 +41,8 @@ if [ -n "${BEFORE_SRC:-}" ] && [ -d "$BEFORE_SRC/src" ]; then
 fi
 PLUGIN="$PWD/$P/libnccl-profiler-comminsight.so"
 
-phase "hot-path bench, $ROUNDS rounds"
-for rep in $(seq 1 "$ROUNDS"); do
+phase "hot-path bench, $HOT_ROUNDS rounds"
+for rep in $(seq 1 "$HOT_ROUNDS"); do
   if [ -n "$BEFORE" ]; then echo "## before, round $rep"; timeout 30 "$P/profiler_hotpath" "$BEFORE" "$P/libnccl-profiler-noop.so" | tail -5; fi
   echo "## after, round $rep"; timeout 30 "$P/profiler_hotpath" "$PLUGIN" "$P/libnccl-profiler-noop.so" | tail -5
 done | tee "$OUT/native.txt"

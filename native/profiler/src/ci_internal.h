@@ -2,7 +2,8 @@
  * ci_internal.h - shared declarations of the CommInsight profiler's modules.
  *
  * Modules (one structure each): pool.c (pre-allocated operation slots, sharded
- * free stacks and completion lists),
+ * free stacks of batches and completion rings), names.c (name sets: an op's
+ * four descriptor names as one id),
  * config.c (env > conf file > defaults), log.c (warnings), ring.c (shared
  * memory ring), segment.c (raw-log segments), hang.c (in-flight scans and
  * evidence), writer.c (background thread), autostart.c (agent start),

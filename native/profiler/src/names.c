@@ -65,15 +65,20 @@ uint32_t ci_names_find(ci_names* n, const char* const* p, uint64_t* w, uint64_t 
     for (int k = 0; k < 4; k++) ci_name_window(w + k_word[k], k_caps[k], p[k]);
     uint32_t mask = (1u << CI_NAMES_BITS) - 1;
     /* without the lock first: entries never change once ready */
+    int room = 0;
     for (uint32_t k = 0; k < CI_NAMES_PROBE; k++) {
         uint32_t i = (uint32_t)(hash + k) & mask;
         ci_nameset* e = &n->set[i];
         /* acquire: pairs with the insert's release, so a ready entry's fields are the final ones */
         uint32_t r = atomic_load_explicit(&e->ready, memory_order_acquire);
-        if (r == CI_NAMES_EMPTY) break;
+        if (r == CI_NAMES_EMPTY) {
+            room = 1;
+            break;
+        }
         if (r == CI_NAMES_BY_POINTER ? pointers_equal(e, p) : memcmp(e->w, w, sizeof(e->w)) == 0) return i;
     }
-    if (pthread_mutex_trylock(&n->lock) != 0) return CI_NAMES_INLINE;
+    /* a full probe run stays full: copy the names without touching the shared lock */
+    if (!room || pthread_mutex_trylock(&n->lock) != 0) return CI_NAMES_INLINE;
     int ro = 1;
     for (int k = 0; k < 4; k++) ro &= window_readonly(n, p[k], k_caps[k]);
     uint32_t id = CI_NAMES_INLINE;

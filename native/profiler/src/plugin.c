@@ -9,7 +9,10 @@
  * the stream itself (tagged in the top bits) as handle, every other type a
  * NULL handle. Handles carry 6 bits of the slot's generation, so a handle
  * kept past its op's end (a late child, a stale stop) is rejected once the
- * slot serves another op. Completion needs no locked operation: an op is
+ * op left flight or the slot serves another op. A start writes one cache line
+ * of its slot (the enqueue side; the four names become one name-set id,
+ * names.c), the thread reporting the children another (the channel side, set
+ * up at its first child). Completion needs no locked operation: an op is
  * complete when its channel side closed (every kernel channel announced in
  * the descriptor's nChannels, as NVIDIA's inspector plugin decides, and every
  * other child that started, stopped) and its enqueue's stopEvent came. The
