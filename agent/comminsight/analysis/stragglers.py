@@ -209,6 +209,11 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     step_start = begin[inv]
     safe = np.maximum(prev, 0)
     shift = np.where(prev >= 0, step_start[safe] - step_start, 0.0)
+    # Operations by number (the labels' strings, held per event, cost more than the rest together):
+    # a label's id, 0 for none (no previous operation), and its occurrence in the rank's step.
+    label = ev.get_column("label").rank("dense").cast(pl.Int64).to_numpy()
+    prev_label = np.where(prev >= 0, label[safe], 0)
+    occurrence = ev.get_column("occurrence").to_numpy()
     prev_end = np.where(prev >= 0, e[safe], s)
     if issue_model:
         q = ev.get_column("enqueue_ns").to_numpy().astype(np.float64)
@@ -216,17 +221,7 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
         # early says nothing of the step).
         q = np.minimum(np.maximum(q, np.where(prev < 0, s, -np.inf)), s)
         prev_q = np.where(prev >= 0, q[safe], s)
-        labels = ev.get_column("label").to_numpy()
-        prev_label = np.where(prev >= 0, labels[safe], "")
-        place = pl.DataFrame(
-            {
-                "p": ev.get_column("program").to_numpy(),
-                "a": prev_label,
-                "b": labels,
-                "k": ev.get_column("occurrence").to_numpy(),
-            }
-        )
-        place_id = place.select(pl.struct("p", "a", "b", "k").rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
+        place_id = _dense_ids(ev.get_column("program").to_numpy(), prev_label, label, occurrence)
         # A step begins once the previous one has completed on the rank (the optimizer needs the
         # gradients): its first issue is timed from that end, so time a healthy host spent
         # waiting for a late peer's last collective is not read as its own work.
@@ -270,11 +265,8 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     # name, occurrence in the step) on every rank and step; a gap with the gap between the same
     # two operations. Gaps come from launch overhead when compute rows exist, else they are the
     # compute between communication.
-    labels_all = ev.get_column("label")
-    prev_label = pl.Series(np.where(prev >= 0, labels_all.to_numpy()[np.maximum(prev, 0)], ""))
-    keys = pl.DataFrame({"l": labels_all, "p": prev_label, "k": ev.get_column("occurrence")})
-    arrays["work_key"] = keys.select(pl.struct("l", "k").rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
-    arrays["gap_key"] = keys.select(pl.struct("p", "l", "k").rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
+    arrays["work_key"] = _dense_ids(label, occurrence)
+    arrays["gap_key"] = _dense_ids(prev_label, label, occurrence)
     role_op = pl.concat_str(
         [role, pl.when(pl.col("is_p2p")).then(pl.lit("send/recv")).otherwise(pl.col("op"))], separator=" "
     )
@@ -282,8 +274,8 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
         pl.when(pl.col("op") == "compute").then(pl.coalesce(pl.col("comm_name"), pl.lit("compute"))).otherwise(role_op)
     ).to_series()
     arrays["is_compute"] = (ev.get_column("op") == "compute").to_numpy()
-    arrays["comm"] = ev.get_column("comm_id").cast(pl.String).fill_null("").to_numpy()
-    arrays["op_kind"] = kind.to_numpy()
+    arrays["comm"] = _interned(ev.get_column("comm_id").cast(pl.String).fill_null(""))
+    arrays["op_kind"] = _interned(kind)
     arrays["gaps_are_compute"] = np.bool_(not bool(arrays["is_compute"].any()))
     order = np.argsort(st, kind="stable")
     cuts = np.flatnonzero(np.r_[True, st[order][1:] != st[order][:-1]]) if n else np.zeros(0, np.int64)
@@ -292,7 +284,23 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     arrays["step_index"] = np.searchsorted(arrays["step_ids"], st)
     arrays["step_begin"] = np.minimum.reduceat(step_start[order], cuts) if n else np.zeros(0)
     arrays["plan"] = step_windows(arrays) if n else None
-    return ev, arrays
+    return ev.select("e"), arrays  # the replay needs nothing else of the frame
+
+
+def _dense_ids(*columns: np.ndarray) -> np.ndarray:
+    """Per row, the dense id (0, 1, ...) of its tuple of values in ``columns``, in their sorted order."""
+    order = np.lexsort(columns[::-1])
+    new = np.zeros(order.size, dtype=bool)
+    new[1:] = np.any([c[order][1:] != c[order][:-1] for c in columns], axis=0)
+    ids = np.empty(order.size, np.int64)
+    ids[order] = np.cumsum(new)
+    return ids
+
+
+def _interned(values: pl.Series) -> np.ndarray:
+    """``values`` as an object array whose equal strings are one object (a pointer per event, not a string)."""
+    codes = values.cast(pl.Categorical)
+    return codes.cat.get_categories().to_numpy()[codes.to_physical().to_numpy()]
 
 
 def _host_waits(

@@ -1,0 +1,134 @@
+"""The what-if replay window by window of steps (``comminsight.analysis.replay``) gives the answer of one replay.
+
+Between windows only each rank's last replayed end (and host issue time) passes, per scenario; these tests cut
+jobs into windows of one step and compare with one window holding every step: the reports must be equal (up
+to polars' float sums, whose order varies from run to run).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from comminsight.analysis import replay
+from comminsight.analysis.stragglers import analyse_stragglers
+from comminsight.importers import load
+from comminsight.simulator.tracegen import Fault, Layout, generate
+
+RECORDED = Path(__file__).resolve().parents[1] / "data" / "kineto_gpu_lab_8rank"
+
+
+def _close(a: object, b: object) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        assert isinstance(b, dict)
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        assert isinstance(b, list)
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float):
+        assert isinstance(b, float)
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12)
+    return a == b
+
+
+def _report_with_windows(table: pl.DataFrame, events: int, monkeypatch: pytest.MonkeyPatch) -> tuple[dict, int]:
+    """The report with windows of at most ``events`` events, and how many windows the replay planned."""
+    planned = []
+    levels = replay.levels
+
+    def counted(win: dict) -> object:
+        planned.append(win["steps"])
+        return levels(win)
+
+    monkeypatch.setattr(replay, "window_events", lambda: events)
+    monkeypatch.setattr(replay, "levels", counted)
+    return analyse_stragglers(table).to_dict(), len(planned)
+
+
+def _generated(tmp_path: Path) -> pl.DataFrame:
+    job = generate(Layout(tp=2, pp=2, dp=2), steps=6, faults=(Fault("compute", {"dp": 1}, factor=2.0),), seed=2)
+    job.write(tmp_path / "job.parquet")
+    table = pl.from_arrow(load(tmp_path / "job.parquet"))
+    assert isinstance(table, pl.DataFrame)
+    return table
+
+
+def _recorded(tmp_path: Path) -> pl.DataFrame:
+    table = pl.from_arrow(load(RECORDED))
+    assert isinstance(table, pl.DataFrame)
+    return table
+
+
+@pytest.mark.parametrize("source", [_generated, _recorded], ids=["generated-compute-rows", "recorded-kineto"])
+def test_a_replay_cut_into_one_step_windows_gives_the_report_of_one_window(
+    source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    table = source(tmp_path)
+    whole, whole_windows = _report_with_windows(table, 1 << 40, monkeypatch)
+    cut, cut_windows = _report_with_windows(table, 1, monkeypatch)
+    assert whole_windows == 1
+    assert cut_windows == len(whole["per_step"]) > 1
+    assert whole["culprits"]  # a job with a straggler: the replay's scenarios decide something
+    assert _close(whole, cut)
+
+
+def _two_ranks_three_steps(span_boundary: bool) -> dict:
+    """Arrays of the replay for two ranks, three steps, one collective per step (and one compute before it);
+    with ``span_boundary`` rank 1's collective of step 1 was labelled step 2 (recovered steps cut per rank)."""
+    rank = np.repeat([0, 1], 6)
+    step = np.tile([0, 0, 1, 1, 2, 2], 2)
+    if span_boundary:
+        step[9] = 2  # rank 1's collective of step 1
+    n = rank.size
+    prev = np.where(np.arange(n) % 6 == 0, -1, np.arange(n) - 1)
+    collective = np.arange(n) % 2 == 1
+    group = np.where(collective, (np.arange(n) % 6) // 2, 3 + np.arange(n))
+    _, group = np.unique(group, return_inverse=True)
+    step_ids, step_index = np.unique(step, return_inverse=True)
+    order = np.argsort(step, kind="stable")
+    cuts = np.flatnonzero(np.r_[True, step[order][1:] != step[order][:-1]])
+    begin = np.array([0.0, 10.0, 20.0])
+    return {
+        "prev": prev,
+        "group_dense": group.astype(np.int64),
+        "batch": np.arange(n),
+        "step": step,
+        "step_ids": step_ids,
+        "step_index": step_index,
+        "step_order": order,
+        "step_cuts": cuts,
+        "step_begin": begin,
+        "shift": np.where(prev >= 0, begin[step_index[np.maximum(prev, 0)]] - begin[step_index], 0.0),
+        "sync": np.ones(n, bool),
+        "launch": np.zeros(n),
+        "max_chain": np.int64(16),
+        "max_chain_all": np.int64(64),
+    }
+
+
+@pytest.mark.parametrize("span_boundary", [False, True], ids=["steps-apart", "collective-across-steps"])
+def test_windows_never_cut_a_collective_and_carry_each_ranks_end(span_boundary: bool) -> None:
+    arrays = _two_ranks_three_steps(span_boundary)
+    windows = replay.step_windows(arrays, max_events=1)
+    assert windows is not None
+    steps = [w["steps"] for w in windows]
+    assert steps == ([(0, 1), (1, 3)] if span_boundary else [(0, 1), (1, 2), (2, 3)])
+    rng = np.random.default_rng(0)
+    n = arrays["prev"].size
+    gap, work = rng.uniform(0.0, 3.0, (2, n)), rng.uniform(0.0, 3.0, (2, n))
+    start = np.zeros((2, n))
+    arrays["plan"] = windows
+    cut = replay.replay(arrays, gap, work, start)
+    arrays["plan"] = replay.step_windows(arrays, max_events=1 << 40)
+    assert len(arrays["plan"]) == 1
+    whole = replay.replay(arrays, gap, work, start)
+    assert np.array_equal(cut, whole)
+    # The members of a collective start it together, once the last has arrived: each then ends its own work later.
+    members = np.flatnonzero(np.arange(n) % 6 == 5)
+    assert np.allclose(whole[:, members[0]] - work[:, members[0]], whole[:, members[1]] - work[:, members[1]])
