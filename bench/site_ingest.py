@@ -15,21 +15,31 @@ uploaded and per crowd request (PostgreSQL's not included): on a machine shared 
 figures follow the neighbours' load, CPU time per unit of work much less.
 Targets (DESIGN §9, issue 13): one agent >= 200 MB/s; p99 <= 100 ms with 50 agents, each request <= 8 MiB.
 
+With --baseline-tree DIR the baseline is instead the streamed server of another checkout (e.g. `git archive` of an
+earlier commit, run with this tree's Python and database): old code against new, alternating, in the same run.
+
+Where the latency goes: besides the server workers' CPU, the bench reports its own CPU per crowd request (the 50
+agents are threads of this process, on the same cores) and, on PostgreSQL, the CPU of the database's backends; and
+once per run the crowd runs against a server that answers every request at once (`--echo-server`, no work at all),
+which is the latency floor of the client side and the loopback on this machine at its current load.
+
 With --storage s3 the comparison is by storage instead (issue 12): the streamed server stores into the local
 data directory, then into an S3 bucket (COMMINSIGHT_STORAGE_URL, multipart upload) on a real SeaweedFS started
 for the run (the tests' tests/s3server.py), alternating; it prints the one-agent upload MB/s of each, the ratio
 S3 / local and the server CPU per GB (the crowd is skipped).
 
 Run: .venv/bin/python bench/site_ingest.py [--size-mib 256] [--chunk-mib 8] [--workers 2] [--clients 50]
-     [--rounds 10] [--crowd-chunk-kib 256] [--alternations 2] [--storage s3]
+     [--rounds 10] [--crowd-chunk-kib 256] [--alternations 2] [--storage s3] [--baseline-tree DIR]
 Uses SQLite in the temporary data directory unless BENCH_DATABASE_URL is set (a database it may migrate).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -188,11 +198,39 @@ def cpu_seconds(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def own_cpu_seconds() -> float:
+    """User + system CPU time of this process (the crowd's agents are its threads), seconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def database_cpu_seconds(env: dict[str, str]) -> float | None:
+    """CPU time so far of the PostgreSQL backends connected to the bench's database (None without PostgreSQL)."""
+    url = env.get("DATABASE_URL", "")
+    if not url.startswith("postgres"):
+        return None
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        pids = [pid for (pid,) in conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")]
+        own = conn.info.backend_pid
+    try:
+        return cpu_seconds([pid for pid in pids if pid != own and Path(f"/proc/{pid}").exists()])
+    except OSError:  # a backend ended meanwhile, or PostgreSQL runs elsewhere
+        return None
+
+
 def measure(
-    env: dict[str, str], args: argparse.Namespace, token: str, data: bytes, streaming: bool, crowd: bool = True
+    env: dict[str, str],
+    args: argparse.Namespace,
+    token: str,
+    data: bytes,
+    streaming: bool,
+    crowd: bool = True,
+    tree: Path = ROOT,
 ) -> dict:
-    """Start the site (streaming on or off), run the upload and (unless ``crowd`` is off) the crowd against it,
-    stop it."""
+    """Start the site of ``tree`` (streaming on or off), run the upload and (unless ``crowd`` is off) the crowd
+    against it, stop it."""
     port = free_port()
     server = subprocess.Popen(
         [
@@ -200,7 +238,7 @@ def measure(
             *("manage.py", "serve", "--no-migrate", "--listen", f"127.0.0.1:{port}"),
             *("--workers", str(args.workers)),
         ],
-        cwd=ROOT,
+        cwd=tree,
         env={**env, "COMMINSIGHT_SERVER_STREAM_BODIES": "1" if streaming else "0"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -220,15 +258,24 @@ def measure(
             upload_s, finalize_s, chunk = upload(client, base, data, args.chunk_mib << 20)
         rss_upload = peak_rss_mib(workers)
         cpu_upload = cpu_seconds(workers)
-        tag = "stream" if streaming else "buffer"
+        tag = f"{'stream' if streaming else 'buffer'}-{abs(hash(tree))}"
+        client_start, database_start = own_cpu_seconds(), database_cpu_seconds(env)
         requests, errors = (
             run_clients(base, token, args.clients, args.rounds, args.crowd_chunk_kib << 10, tag) if crowd else ([], [])
         )
         cpu_crowd = cpu_seconds(workers)
+        client_cpu, database_end = own_cpu_seconds() - client_start, database_cpu_seconds(env)
+        count = max(len(requests), 1)
         return {
             # Server CPU (all workers; PostgreSQL not included): what the figures would be on idle cores.
             "cpu_s_per_gb": (cpu_upload - cpu_start) / (len(data) / 1e9),
-            "cpu_ms_per_request": (cpu_crowd - cpu_upload) * 1e3 / max(len(requests), 1),
+            "cpu_ms_per_request": (cpu_crowd - cpu_upload) * 1e3 / count,
+            "client_ms_per_request": client_cpu * 1e3 / count,
+            "database_ms_per_request": (
+                (database_end - database_start) * 1e3 / count
+                if database_start is not None and database_end is not None
+                else float("nan")
+            ),
             "mbps": len(data) / 1e6 / upload_s,
             "finalize_s": finalize_s,
             "chunk": chunk,
@@ -254,7 +301,16 @@ def main() -> None:
     parser.add_argument(
         "--storage", choices=["local", "s3"], default="local", help="s3: streamed uploads, local vs S3 storage"
     )
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="baseline: the streamed server of this checkout (old code), not buffered",
+    )
+    parser.add_argument("--echo-server", type=int, help=argparse.SUPPRESS)  # internal: the client-floor server
     args = parser.parse_args()
+    if args.echo_server:
+        asyncio.run(echo_server(args.echo_server))
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp) / "data"
@@ -275,12 +331,71 @@ def main() -> None:
         if args.storage == "s3":
             storage_runs(env, args, token, Path(tmp) / "s3")
             return
+        # False: the baseline (buffered, or the streamed server of --baseline-tree), True: this tree, streamed.
         runs: dict[bool, list[dict]] = {False: [], True: []}
+        floors: list[list[tuple[str, float]]] = []
         for _ in range(args.alternations):  # alternating, so a busy neighbour hurts both servers alike
-            for streaming in (False, True):
+            for new in (False, True):
                 data = os.urandom(args.size_mib << 20)  # new bytes: each run stores its own archive
-                runs[streaming].append(measure(env, args, token, data, streaming))
-        report(args, runs)
+                if args.baseline_tree is not None and not new:
+                    runs[new].append(measure(env, args, token, data, True, tree=args.baseline_tree.resolve()))
+                else:
+                    runs[new].append(measure(env, args, token, data, new))
+            floors.append(client_floor(args))
+        report(args, runs, floors)
+
+
+def echo_server_answer(head: bytes) -> bytes:
+    """What the echo server answers: an open upload to every request (the crowd reads ``upload_id`` once)."""
+    body = b'{"upload_id": "00000000-0000-4000-8000-000000000000", "offset": 0, "status": "open"}'
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + (b"" if head.startswith(b"HEAD ") else body)
+    )
+
+
+async def echo_server(port: int) -> None:
+    """An HTTP/1.1 server that reads each request and answers at once, doing nothing else (keep-alive)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+                writer.write(echo_server_answer(head))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", port, backlog=512)
+    async with server:
+        await server.serve_forever()
+
+
+def client_floor(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """The crowd's latencies against the echo server (a process of its own): the client side's share."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, __file__, "--echo-server", str(port)])
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        base = f"http://127.0.0.1:{port}/api/v1/ingest/"
+        requests, _ = run_clients(base, "none", args.clients, args.rounds, args.crowd_chunk_kib << 10, "floor")
+        return requests
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def storage_runs(env: dict[str, str], args: argparse.Namespace, token: str, s3_dir: Path) -> None:
@@ -321,66 +436,88 @@ def storage_runs(env: dict[str, str], args: argparse.Namespace, token: str, s3_d
     print(f"upload   local {local:7.1f} MB/s   S3 {s3:7.1f} MB/s   ratio S3 / local {s3 / local:.2f}x")
 
 
-def report(args: argparse.Namespace, runs: dict[bool, list[dict]]) -> None:
-    """Per-run figures, then the median run of each server and the ratio streamed / buffered."""
-    label = {False: "buffered", True: "streamed"}
+def report(args: argparse.Namespace, runs: dict[bool, list[dict]], floors: list[list[tuple[str, float]]]) -> None:
+    """Per-run figures, then the median run of each server and the ratio new / baseline."""
+    label = {False: "before", True: "after"} if args.baseline_tree else {False: "buffered", True: "streamed"}
     print(
         f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the end; serve --workers {args.workers}; "
         f"{args.size_mib} MiB in {runs[True][0]['chunk'] >> 20} MiB chunks; {args.clients} agents x {args.rounds} "
         f"rounds (crowd chunk {args.crowd_chunk_kib} KiB); {args.alternations} alternations"
+        + (f"; before = {args.baseline_tree}, streamed" if args.baseline_tree else "")
     )
     summary: dict[bool, dict[str, float]] = {}
-    for streaming in (False, True):
+    for new in (False, True):
         rows = []
-        for run in runs[streaming]:
+        for run in runs[new]:
             times = [t for _, t in run["crowd"]]
             rows.append(
                 {
                     "mbps": run["mbps"],
                     "rss": run["rss_upload"] - run["rss_idle"],
                     "p50": statistics.median(times),
+                    "p95": percentile(times, 0.95),
                     "p99": percentile(times, 0.99),
                     "chunk_p99": percentile([t for k, t in run["crowd"] if k == "chunk"], 0.99),
                     "errors": len(run["errors"]),
                     "cpu_gb": run["cpu_s_per_gb"],
                     "cpu_req": run["cpu_ms_per_request"],
+                    "client_req": run["client_ms_per_request"],
+                    "database_req": run["database_ms_per_request"],
                 }
             )
+            row = rows[-1]
             print(
-                f"  {label[streaming]}: upload {rows[-1]['mbps']:6.1f} MB/s, "
-                f"peak RSS growth {rows[-1]['rss']:6.1f} MiB; "
-                f"{args.clients} agents p50 {rows[-1]['p50'] * 1e3:6.1f} ms p99 {rows[-1]['p99'] * 1e3:7.1f} ms "
-                f"(chunk p99 {rows[-1]['chunk_p99'] * 1e3:7.1f} ms), errors {rows[-1]['errors']}; "
-                f"server CPU {rows[-1]['cpu_gb']:.2f} s/GB uploaded, {rows[-1]['cpu_req']:.2f} ms per crowd request"
+                f"  {label[new]}: upload {row['mbps']:6.1f} MB/s, peak RSS growth {row['rss']:6.1f} MiB; "
+                f"{args.clients} agents p50 {row['p50'] * 1e3:6.1f} ms p95 {row['p95'] * 1e3:7.1f} ms "
+                f"p99 {row['p99'] * 1e3:7.1f} ms (chunk p99 {row['chunk_p99'] * 1e3:7.1f} ms), errors {row['errors']}; "
+                f"CPU per crowd request: server {row['cpu_req']:.2f} ms, agents {row['client_req']:.2f} ms, "
+                f"PostgreSQL {row['database_req']:.2f} ms; server CPU {row['cpu_gb']:.2f} s/GB uploaded"
             )
-        summary[streaming] = {k: statistics.median([r[k] for r in rows]) for k in rows[0]}
-    old, new = summary[False], summary[True]
+            for kind in ("heartbeat", "head", "create", "chunk"):
+                kind_times = [t for k, t in run["crowd"] if k == kind]
+                print(
+                    f"      {kind:9s} p50 {statistics.median(kind_times) * 1e3:7.1f} ms   "
+                    f"p99 {percentile(kind_times, 0.99) * 1e3:7.1f} ms"
+                )
+        summary[new] = {k: statistics.median([r[k] for r in rows]) for k in rows[0]}
+    old, new_ = summary[False], summary[True]
+    a, b = label[False], label[True]
     print(
-        f"upload   buffered {old['mbps']:7.1f} MB/s   streamed {new['mbps']:7.1f} MB/s   "
-        f"ratio {new['mbps'] / old['mbps']:.2f}x   (target >= 200 MB/s)"
+        f"upload   {a} {old['mbps']:7.1f} MB/s   {b} {new_['mbps']:7.1f} MB/s   "
+        f"ratio {new_['mbps'] / old['mbps']:.2f}x   (target >= 200 MB/s)"
     )
     print(
-        f"memory   server peak RSS growth during the upload, all workers: buffered {old['rss']:6.1f} MiB   "
-        f"streamed {new['rss']:6.1f} MiB"
+        f"memory   server peak RSS growth during the upload, all workers: {a} {old['rss']:6.1f} MiB   "
+        f"{b} {new_['rss']:6.1f} MiB"
     )
     print(
-        f"latency  {args.clients} agents, all requests: buffered p50 {old['p50'] * 1e3:6.1f} ms p99 "
-        f"{old['p99'] * 1e3:7.1f} ms   streamed p50 {new['p50'] * 1e3:6.1f} ms p99 {new['p99'] * 1e3:7.1f} ms   "
-        f"ratio p99 {new['p99'] / old['p99']:.2f}x   (target p99 <= 100 ms)"
+        f"latency  {args.clients} agents, all requests: {a} p50 {old['p50'] * 1e3:6.1f} p95 {old['p95'] * 1e3:6.1f} "
+        f"p99 {old['p99'] * 1e3:7.1f} ms   {b} p50 {new_['p50'] * 1e3:6.1f} p95 {new_['p95'] * 1e3:6.1f} "
+        f"p99 {new_['p99'] * 1e3:7.1f} ms   ratio p99 {new_['p99'] / old['p99']:.2f}x   (target p99 <= 100 ms)"
     )
     print(
-        f"  chunk requests only: buffered p99 {old['chunk_p99'] * 1e3:7.1f} ms   "
-        f"streamed p99 {new['chunk_p99'] * 1e3:7.1f} ms"
+        f"  chunk requests only: {a} p99 {old['chunk_p99'] * 1e3:7.1f} ms   {b} p99 {new_['chunk_p99'] * 1e3:7.1f} ms"
     )
     print(
-        f"server CPU (all workers, load-independent): upload buffered {old['cpu_gb']:.2f} s/GB   streamed "
-        f"{new['cpu_gb']:.2f} s/GB   ratio {new['cpu_gb'] / old['cpu_gb']:.2f}x;  per crowd request buffered "
-        f"{old['cpu_req']:.2f} ms   streamed {new['cpu_req']:.2f} ms   ratio {new['cpu_req'] / old['cpu_req']:.2f}x"
+        f"server CPU (all workers, load-independent): upload {a} {old['cpu_gb']:.2f} s/GB   {b} "
+        f"{new_['cpu_gb']:.2f} s/GB   ratio {new_['cpu_gb'] / old['cpu_gb']:.2f}x;  per crowd request {a} "
+        f"{old['cpu_req']:.2f} ms   {b} {new_['cpu_req']:.2f} ms   ratio {new_['cpu_req'] / old['cpu_req']:.2f}x"
     )
-    for streaming in (False, True):
-        errors = [e for run in runs[streaming] for e in run["errors"]]
+    print(
+        f"CPU per crowd request besides the server: agents (this process) {a} {old['client_req']:.2f} ms   "
+        f"{b} {new_['client_req']:.2f} ms;  PostgreSQL backends {a} {old['database_req']:.2f} ms   "
+        f"{b} {new_['database_req']:.2f} ms"
+    )
+    floor = [t for run in floors for _, t in run]
+    print(
+        f"client floor (the same crowd against a server that answers at once): p50 "
+        f"{statistics.median(floor) * 1e3:6.1f} ms p95 {percentile(floor, 0.95) * 1e3:6.1f} ms "
+        f"p99 {percentile(floor, 0.99) * 1e3:7.1f} ms"
+    )
+    for new in (False, True):
+        errors = [e for run in runs[new] for e in run["errors"]]
         for error in sorted(set(errors))[:3]:
-            print(f"  error ({label[streaming]}): {error}")
+            print(f"  error ({label[new]}): {error}")
 
 
 if __name__ == "__main__":

@@ -11,25 +11,41 @@ from rest_framework.request import Request
 from .models import AgentToken, AgentTokenScope
 from .services import agent_token_authenticate
 
+UNKNOWN_TOKEN = "Unknown or revoked agent token."  # noqa: S105 (a message, not a secret)
+
+
+class MalformedBearer(Exception):
+    """An ``Authorization: Bearer …`` header that names no usable token; the message says why (401)."""
+
+
+def bearer_credential(authorization: bytes) -> str | None:
+    """The agent token an ``Authorization`` header presents: None when it presents none (no header, another
+    scheme), else the token text; raises ``MalformedBearer``. One reading for the API views
+    (``AgentTokenAuthentication``) and the ASGI paths ahead of Django (``apps/workloads/api``)."""
+    parts = authorization.split()
+    if not parts or parts[0].lower() != b"bearer":
+        return None
+    if len(parts) != 2:
+        raise MalformedBearer("Authorization header must be 'Bearer <agent token>'.")
+    try:
+        return parts[1].decode("ascii")
+    except UnicodeDecodeError:
+        raise MalformedBearer("Agent token must be ASCII.") from None
+
 
 class AgentTokenAuthentication(BaseAuthentication):
     """Authenticates agents; ``request.user`` is the token's owner and ``request.auth`` the token."""
 
-    keyword = b"bearer"
-
     def authenticate(self, request: Request) -> tuple[object, AgentToken] | None:
-        parts = get_authorization_header(request).split()
-        if not parts or parts[0].lower() != self.keyword:
-            return None
-        if len(parts) != 2:
-            raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <agent token>'.")
         try:
-            presented = parts[1].decode("ascii")
-        except UnicodeDecodeError as exc:
-            raise exceptions.AuthenticationFailed("Agent token must be ASCII.") from exc
+            presented = bearer_credential(get_authorization_header(request))
+        except MalformedBearer as exc:
+            raise exceptions.AuthenticationFailed(str(exc)) from exc
+        if presented is None:
+            return None
         token = agent_token_authenticate(presented)
         if token is None:
-            raise exceptions.AuthenticationFailed("Unknown or revoked agent token.")
+            raise exceptions.AuthenticationFailed(UNKNOWN_TOKEN)
         return token.owner, token
 
     def authenticate_header(self, request: Request) -> str:

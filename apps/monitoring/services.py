@@ -26,6 +26,7 @@ from django.db.models import Count, Exists, Max, Min, OuterRef, Q
 from django.utils import timezone
 
 from apps.workloads.models import Archive, ArchiveState, Workload, WorkloadStatus
+from comminsight_site import rows
 
 from .metrics import METRICS
 from .models import RAW_STEP_S, ROLLUP_WIDTHS_S, Band, Point, Rollup, Series
@@ -59,12 +60,17 @@ def _series_ids(workload_id: int, samples: list[Sample]) -> dict[tuple[str, str]
     found: dict[tuple[str, str], int] = {}
 
     def look() -> None:
-        rows = Series.objects.filter(
-            workload_id=workload_id,
-            metric__in={m for m, _ in wanted},
-            key__in={k for _, k in wanted},
-        ).values_list("metric", "key", "id")
-        found.update({(m, k): i for m, k, i in rows if (m, k) in wanted})
+        # A bare statement: every heartbeat looks its series up, and the ORM's query cost several times more.
+        metrics, keys = sorted({m for m, _ in wanted}), sorted({k for _, k in wanted})
+        metric, key = rows.column(Series, "metric"), rows.column(Series, "key")
+        sql = (
+            f"SELECT {metric}, {key}, {rows.column(Series, 'id')} FROM {rows.table(Series)} "  # noqa: S608
+            f"WHERE {rows.column(Series, 'workload')} = %s AND {metric} IN ({', '.join(['%s'] * len(metrics))}) "
+            f"AND {key} IN ({', '.join(['%s'] * len(keys))})"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [workload_id, *metrics, *keys])
+            found.update({(m, k): i for m, k, i in cursor.fetchall() if (m, k) in wanted})
 
     look()
     missing = [

@@ -24,21 +24,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import F, QuerySet, Sum
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from apps.accounts.models import AgentToken, User
+from comminsight_site import rows
 from comminsight_site.objectstore import object_store
 
 from .models import Archive, ArchiveSource, Upload, UploadState
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 BLOCK = 1 << 20
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -119,15 +119,6 @@ class UploadOutcome:
     created: bool = False
 
 
-def _one(queryset: QuerySet[T]) -> T | None:
-    """The one row of a query on unique fields, or None. Cheaper than ``first()``, which adds an ORDER BY to
-    compile: these run on every agent request."""
-    try:
-        return queryset.get()
-    except queryset.model.DoesNotExist:
-        return None
-
-
 def _check_sha256(value: object) -> str:
     if not isinstance(value, str) or not SHA256_HEX.match(value):
         raise UploadError("sha256 must be 64 lowercase hex digits")
@@ -169,10 +160,16 @@ def upload_create(
         raise UploadError("size must be a positive integer")
     # Known bytes are answered only from the caller's own archives: another owner's copy is no proof that this
     # caller holds them (and must not be revealed); it uploads them, and the bytes are still stored once.
-    existing = _one(Archive.objects.filter(owner=token.owner, sha256=sha256))
+    owner_column, sha_column = rows.column(Archive, "owner"), rows.column(Archive, "sha256")
+    existing = rows.select_one(Archive, f"t.{owner_column} = %s AND t.{sha_column} = %s", [token.owner_id, sha256])
     if existing is not None:
         return UploadOutcome(archive=existing)
-    resumable = _one(Upload.objects.filter(token=token, sha256=sha256, state=UploadState.OPEN))
+    resumable = rows.select_one(
+        Upload,
+        f"t.{rows.column(Upload, 'token')} = %s AND t.{rows.column(Upload, 'sha256')} = %s "
+        f"AND t.{rows.column(Upload, 'state')} = %s",
+        [token.pk, sha256, UploadState.OPEN.value],
+    )
     if resumable is not None:
         return UploadOutcome(upload=resumable)
     _check_caps(token, size)
@@ -248,10 +245,9 @@ class ChunkWriter:
                 raise UploadError(f"body ended after {self.written} of {self.length} bytes; nothing was appended")
             if self.digest.hexdigest() != self.expected:
                 raise UploadChecksumMismatch("chunk checksum mismatch")
-            moved = Upload.objects.filter(pk=self.upload.pk, offset=self.offset, state=UploadState.OPEN).update(
-                offset=self.offset + self.written, updated_at=timezone.now()
-            )
-            if moved != 1:  # the upload was expired or deleted meanwhile
+            if (
+                _offset_move(self.upload, self.offset, self.offset + self.written) != 1
+            ):  # the upload was expired or deleted meanwhile
                 raise UploadNotFound("no such upload")
         except BaseException:
             self.abort()
@@ -272,6 +268,20 @@ class ChunkWriter:
             self.part.close()
 
 
+def _offset_move(upload: Upload, old: int, new: int) -> int:
+    """``Upload.objects.filter(pk=…, offset=old, state=open).update(offset=new, updated_at=now)`` as one bare
+    statement (every chunk makes it); the number of rows moved."""
+    offset, state = rows.column(Upload, "offset"), rows.column(Upload, "state")
+    sql = (
+        f"UPDATE {rows.table(Upload)} SET {offset} = %s, {rows.column(Upload, 'updated_at')} = %s "  # noqa: S608
+        f"WHERE {rows.column(Upload, 'id')} = %s AND {offset} = %s AND {state} = %s"
+    )
+    params = [new, rows.param(Upload, "updated_at", timezone.now()), rows.param(Upload, "id", upload.pk), old]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, UploadState.OPEN.value])
+        return cursor.rowcount
+
+
 def chunk_begin(*, owner: User, upload_id: uuid.UUID, offset: int, checksum: str | None, length: int) -> ChunkWriter:
     """Open, lock and check an upload for one chunk of ``length`` bytes at ``offset``; raises UploadError.
 
@@ -287,7 +297,7 @@ def chunk_begin(*, owner: User, upload_id: uuid.UUID, offset: int, checksum: str
         raise UploadNotFound("no such upload") from None
     try:
         fcntl.flock(part.fileno(), fcntl.LOCK_EX)
-        upload = _one(Upload.objects.filter(pk=upload_id, owner=owner))
+        upload = upload_get(owner=owner, upload_id=upload_id)
         if upload is None:
             raise UploadNotFound("no such upload")
         if upload.state != UploadState.OPEN:
@@ -333,7 +343,13 @@ def upload_append(
 
 
 def upload_get(*, owner: User, upload_id: uuid.UUID) -> Upload | None:
-    return _one(Upload.objects.filter(pk=upload_id, owner=owner))
+    """``owner``'s upload ``upload_id``, or None (another owner's is None too). One bare statement: agents ask
+    with every chunk and every resume."""
+    return rows.select_one(
+        Upload,
+        f"t.{rows.column(Upload, 'id')} = %s AND t.{rows.column(Upload, 'owner')} = %s",
+        [rows.param(Upload, "id", upload_id), owner.pk],
+    )
 
 
 def file_sha256(path: Path, *, sync: bool = False) -> str:

@@ -24,13 +24,19 @@ import io
 import re
 import uuid
 from collections.abc import Awaitable, Callable
+from functools import cache
 from typing import Any
 
 from django.conf import settings
-from django.http.request import split_domain_port, validate_host
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django.http import HttpRequest, HttpResponse
+from django.middleware.clickjacking import XFrameOptionsMiddleware
+from django.middleware.security import SecurityMiddleware
 from rest_framework import exceptions
 from rest_framework.renderers import JSONRenderer
 
+from apps.accounts.authentication import MalformedBearer, bearer_credential
 from apps.accounts.middleware import INGEST_PREFIX
 from apps.accounts.models import AgentToken, AgentTokenScope
 from apps.accounts.services import agent_token_authenticate
@@ -38,7 +44,7 @@ from apps.workloads import live, uploads
 from comminsight_site.parsers import BoundedJSONParser
 
 from . import ingest
-from .stream import Receive, Scope, Send, UploadChunkApp, _in_pool, throttle_wait
+from .stream import Receive, Scope, Send, UploadChunkApp, _in_pool, host_allowed, throttle_wait
 
 UPLOAD_ROUTE = re.compile(
     "^" + re.escape(INGEST_PREFIX) + r"uploads/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})/$"
@@ -75,24 +81,39 @@ ALLOW = {
 
 
 def middleware_headers(scheme: str) -> list[tuple[bytes, bytes]]:
-    """The headers Django's SecurityMiddleware and XFrameOptionsMiddleware add to an API answer."""
-    headers = [(b"x-frame-options", settings.X_FRAME_OPTIONS.encode())]
-    if settings.SECURE_CONTENT_TYPE_NOSNIFF:
-        headers.append((b"x-content-type-options", b"nosniff"))
-    if settings.SECURE_REFERRER_POLICY:
-        policy = settings.SECURE_REFERRER_POLICY
-        policy = policy if isinstance(policy, str) else ",".join(policy)
-        headers.append((b"referrer-policy", policy.encode()))
-    if settings.SECURE_CROSS_ORIGIN_OPENER_POLICY:
-        headers.append((b"cross-origin-opener-policy", settings.SECURE_CROSS_ORIGIN_OPENER_POLICY.encode()))
-    if scheme == "https" and settings.SECURE_HSTS_SECONDS:
-        value = f"max-age={settings.SECURE_HSTS_SECONDS}"
-        if settings.SECURE_HSTS_INCLUDE_SUBDOMAINS:
-            value += "; includeSubDomains"
-        if settings.SECURE_HSTS_PRELOAD:
-            value += "; preload"
-        headers.append((b"strict-transport-security", value.encode()))
-    return headers
+    """The headers Django's middlewares add to an API answer on ``scheme``: those ``SecurityMiddleware`` and
+    ``XFrameOptionsMiddleware`` put on an empty response, computed by the middlewares themselves once per
+    scheme (again after a settings change), so the two paths cannot drift apart."""
+    return list(_middleware_headers(scheme))
+
+
+class _Probe(HttpRequest):
+    """A request as the middlewares see it, on ``scheme`` (no proxy header: the scheme is already decided)."""
+
+    def __init__(self, scheme: str) -> None:
+        super().__init__()
+        self._probe_scheme = scheme
+
+    def _get_scheme(self) -> str:
+        return self._probe_scheme
+
+
+@cache
+def _middleware_headers(scheme: str) -> tuple[tuple[bytes, bytes], ...]:
+    request, response = _Probe(scheme), HttpResponse()
+    before = set(response.headers)
+    for middleware in (SecurityMiddleware, XFrameOptionsMiddleware):
+        response = middleware(HttpResponse).process_response(request, response)  # get_response: never called
+    return tuple(
+        (name.lower().encode("latin-1"), value.encode("latin-1"))
+        for name, value in response.headers.items()
+        if name not in before
+    )
+
+
+@receiver(setting_changed)
+def _settings_changed(**kwargs: Any) -> None:
+    _middleware_headers.cache_clear()
 
 
 class AgentRequestsApp:
@@ -187,27 +208,16 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 def _authenticated(headers: dict[str, str]) -> AgentToken:
     """The agent token as the API view authenticates and permits it; anything else is Django's to refuse."""
-    domain, _ = split_domain_port(_raw_host(headers))
-    allowed = settings.ALLOWED_HOSTS or ([".localhost", "127.0.0.1", "[::1]"] if settings.DEBUG else [])
-    if not domain or not validate_host(domain, allowed):
-        raise Delegate
-    parts = headers.get("authorization", "").encode("latin-1").split()
-    if len(parts) != 2 or parts[0].lower() != b"bearer":
+    if not host_allowed(headers):
         raise Delegate
     try:
-        presented = parts[1].decode("ascii")
-    except UnicodeDecodeError:
+        presented = bearer_credential(headers.get("authorization", "").encode("latin-1"))
+    except MalformedBearer:
         raise Delegate from None
-    token = agent_token_authenticate(presented)
+    token = None if presented is None else agent_token_authenticate(presented)
     if token is None or token.scope != AgentTokenScope.INGEST:
         raise Delegate
     return token
-
-
-def _raw_host(headers: dict[str, str]) -> str:
-    if settings.USE_X_FORWARDED_HOST and "x-forwarded-host" in headers:
-        return headers["x-forwarded-host"]
-    return headers.get("host", "")
 
 
 def _answer(kind: str, headers: dict[str, str], body: bytes, upload_id: uuid.UUID | None) -> Answer:

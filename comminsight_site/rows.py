@@ -1,0 +1,88 @@
+"""Model rows read and written on a bare cursor, for the statements every agent request makes.
+
+Building a query through the ORM costs 0.4-0.75 ms of CPU per statement (the lookup, the SELECT list, the
+compiler, the result iterator) against about 0.06 ms for the same SQL sent on a bare cursor, and the agents'
+requests (token, upload offset, heartbeat) are a handful of one-row statements each, many times a second.
+Here the SQL is written from the model's own metadata (table and column names), parameters are prepared by
+the model's fields (``get_db_prep_value``) and rows come back through the converters the ORM would apply,
+then ``Model.from_db``: the same instances, the same values, on PostgreSQL and SQLite alike.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, TypeVar
+
+from django.db import connections
+from django.db.models import Model
+
+M = TypeVar("M", bound=Model)
+
+
+@cache
+def _concrete(model: type[Model]) -> tuple[Any, ...]:
+    return tuple(model._meta.concrete_fields)
+
+
+def columns(model: type[Model], alias: str, using: str = "default") -> str:
+    """``alias.col, …`` for every concrete field of ``model``, in field order (``row`` reads them back)."""
+    quote = connections[using].ops.quote_name
+    return ", ".join(f"{alias}.{quote(field.column)}" for field in _concrete(model))
+
+
+def table(model: type[Model], using: str = "default") -> str:
+    """The quoted table name of ``model``."""
+    return connections[using].ops.quote_name(model._meta.db_table)
+
+
+def column(model: type[Model], name: str, using: str = "default") -> str:
+    """The quoted column of field ``name`` of ``model``."""
+    return connections[using].ops.quote_name(model._meta.get_field(name).column)
+
+
+def param(model: type[Model], name: str, value: Any, using: str = "default") -> Any:
+    """``value`` as a parameter for the column of field ``name`` (what the ORM would send)."""
+    return model._meta.get_field(name).get_db_prep_value(value, connections[using], prepared=False)
+
+
+@cache
+def _converters(model: type[Model], vendor: str, using: str) -> tuple[tuple[int, tuple[Any, ...], Any], ...]:
+    connection = connections[using]
+    found = []
+    for position, field in enumerate(_concrete(model)):
+        expression = field.get_col(model._meta.db_table)
+        found_here = tuple(connection.ops.get_db_converters(expression) + expression.get_db_converters(connection))
+        if found_here:
+            found.append((position, found_here, expression))
+    return tuple(found)
+
+
+def row(model: type[M], values: tuple[Any, ...] | list[Any], using: str = "default") -> M:
+    """An instance of ``model`` from the values of ``columns(model, …)``, converted as the ORM converts them."""
+    connection = connections[using]
+    values = list(values)
+    for position, converters, expression in _converters(model, connection.vendor, using):
+        value = values[position]
+        for converter in converters:
+            value = converter(value, expression, connection)
+        values[position] = value
+    return model.from_db(using, None, values)
+
+
+def select_one(model: type[M], where: str, params: list[Any], using: str = "default") -> M | None:
+    """The row of ``model`` matching ``where`` (SQL over its columns, aliased ``t``), or None; for lookups on
+    unique columns (a second row is not looked for)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"SELECT {columns(model, 't', using)} FROM {table(model, using)} t WHERE {where}", params)  # noqa: S608
+        found = cursor.fetchone()
+    return None if found is None else row(model, found, using)
+
+
+def value(model: type[Model], name: str, raw: Any, using: str = "default") -> Any:
+    """One value of field ``name`` of ``model`` as read from the database, converted as the ORM converts it."""
+    connection = connections[using]
+    field = model._meta.get_field(name)
+    expression = field.get_col(model._meta.db_table)
+    for converter in connection.ops.get_db_converters(expression) + expression.get_db_converters(connection):
+        raw = converter(raw, expression, connection)
+    return raw
