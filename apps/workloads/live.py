@@ -152,34 +152,35 @@ def live_record_heartbeat(*, token: AgentToken, heartbeat: dict[str, Any]) -> Wo
     heartbeat = dict(heartbeat)
     evidence = heartbeat.pop("evidence", None)
     fresh_since = now - timedelta(seconds=settings.WORKLOAD_LOST_AFTER_S)
-    with transaction.atomic():
-        workload = rows.select_one(
-            Workload,
-            f"t.{rows.column(Workload, 'owner')} = %s AND t.{rows.column(Workload, 'external_id')} = %s",
-            [token.owner_id, heartbeat["workload_id"]],
+    # No transaction and no row lock on the workload: each statement commits on its own, so the workload row is
+    # locked only while its UPDATE runs, not while this thread waits for the CPU between statements (50 nodes'
+    # heartbeats would queue behind it). Each heartbeat sees its own node's latest and every committed other; a
+    # concurrent one is counted at the next beat, and a heartbeat that fails halfway is mended by the next.
+    workload = rows.select_one(
+        Workload,
+        f"t.{rows.column(Workload, 'owner')} = %s AND t.{rows.column(Workload, 'external_id')} = %s",
+        [token.owner_id, heartbeat["workload_id"]],
+    )
+    if workload is None:
+        workload, _ = Workload.objects.get_or_create(
+            owner=token.owner,
+            external_id=heartbeat["workload_id"],
+            defaults={"name": heartbeat["workload_id"], "first_seen_at": now},
         )
-        if workload is None:
-            workload, _ = Workload.objects.get_or_create(
-                owner=token.owner,
-                external_id=heartbeat["workload_id"],
-                defaults={"name": heartbeat["workload_id"], "first_seen_at": now},
-            )
-        # No row lock on the workload: 50 nodes' heartbeats would queue behind it. Each heartbeat sees its
-        # own node's latest and every committed other; a concurrent one is counted at the next beat.
-        _node_keep_heartbeat(workload, heartbeat, now)
-        latest = _fresh_heartbeats(workload.pk, fresh_since)
-        summary = live_summary(latest)
-        workload.status = _status(latest, summary, workload.status, workload.live_summary)
-        _kept_root_cause(summary, workload.live_summary, workload.status)
-        workload.live_summary = summary
-        workload.first_seen_at = workload.first_seen_at or now
-        workload.last_seen_at = now
-        workload.updated_at = now
-        # Only the live fields: ingest updates the time range of the same row concurrently.
-        _workload_keep_live(workload)
-        transaction.on_commit(lambda: publish_status(workload))
-        if evidence:
-            _evidence_keep(workload, heartbeat["node"], evidence)
+    _node_keep_heartbeat(workload, heartbeat, now)
+    latest = _fresh_heartbeats(workload.pk, fresh_since)
+    summary = live_summary(latest)
+    workload.status = _status(latest, summary, workload.status, workload.live_summary)
+    _kept_root_cause(summary, workload.live_summary, workload.status)
+    workload.live_summary = summary
+    workload.first_seen_at = workload.first_seen_at or now
+    workload.last_seen_at = now
+    workload.updated_at = now
+    # Only the live fields: ingest updates the time range of the same row concurrently.
+    _workload_keep_live(workload)
+    transaction.on_commit(lambda: publish_status(workload))
+    if evidence:
+        _evidence_keep(workload, heartbeat["node"], evidence)
     heartbeat_recorded.send_robust(Workload, workload=workload, node=heartbeat["node"], heartbeat=heartbeat, at=now)
     return workload
 

@@ -28,7 +28,7 @@ from typing import IO
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Sum
+from django.db.models import F
 from django.utils import timezone
 
 from apps.accounts.models import AgentToken, User
@@ -133,12 +133,22 @@ def _check_filename(value: object) -> str:
 
 
 def owner_bytes_in_use(owner: User, exclude_upload: Upload | None = None) -> int:
-    """Stored archives plus the declared size of open uploads: what the owner's quota counts."""
-    stored = Archive.objects.filter(owner=owner).aggregate(total=Sum("size"))["total"] or 0
-    pending = Upload.objects.filter(owner=owner, state=UploadState.OPEN)
+    """Stored archives plus the declared size of open uploads: what the owner's quota counts. One bare
+    statement (every new upload asks)."""
+    archive_size, upload_size = rows.column(Archive, "size"), rows.column(Upload, "size")
+    upload_owner, upload_id = rows.column(Upload, "owner"), rows.column(Upload, "id")
+    sql = (
+        f"SELECT (SELECT COALESCE(SUM({archive_size}), 0) FROM {rows.table(Archive)} "  # noqa: S608
+        f"WHERE {rows.column(Archive, 'owner')} = %s) + (SELECT COALESCE(SUM({upload_size}), 0) "
+        f"FROM {rows.table(Upload)} WHERE {upload_owner} = %s AND {rows.column(Upload, 'state')} = %s"
+        + (f" AND {upload_id} <> %s)" if exclude_upload is not None else ")")
+    )
+    params = [owner.pk, owner.pk, UploadState.OPEN.value]
     if exclude_upload is not None:
-        pending = pending.exclude(pk=exclude_upload.pk)
-    return stored + (pending.aggregate(total=Sum("size"))["total"] or 0)
+        params.append(rows.param(Upload, "id", exclude_upload.pk))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.fetchone()[0])
 
 
 def _check_caps(token: AgentToken, size: int) -> None:

@@ -259,3 +259,59 @@ def test_a_client_that_goes_away_before_its_body_arrived_records_nothing(persona
     sent = asgi_request(app(), "POST", LIVE, headers, messages)
     assert sent == []
     assert not Workload.objects.filter(external_id="job-fast").exists()
+
+
+def test_a_revoked_token_stops_working_at_the_next_request(personas):
+    from apps.accounts.services import agent_token_revoke
+
+    headers, body = json_request(personas.agent_secret, heartbeat("n1"))
+    assert fast_answer("POST", LIVE, headers, body)[0] == 202
+    agent_token_revoke(actor=personas.alice, token=personas.agent_token)
+    # Nothing about the token is kept between requests: the very next one is Django's to refuse, and it does.
+    headers, body = json_request(personas.agent_secret, heartbeat("n2"))
+    inner = Inner()
+    assert call(app(inner), "POST", LIVE, headers, body)[0] == 299
+    assert inner.handed == [("POST", LIVE, body)]
+    status, _, content = django_answer("POST", LIVE, headers, body)
+    assert (status, json.loads(content)["detail"]) == (401, "Unknown or revoked agent token.")
+    assert not Node.objects.filter(name="n2").exists()
+
+
+def test_a_deactivated_owners_token_stops_working_at_the_next_request(personas):
+    headers, body = json_request(personas.agent_secret, create_body("owner-leaves"))
+    assert fast_answer("POST", CREATE, headers, body)[0] == 201
+    personas.alice.is_active = False
+    personas.alice.save(update_fields=["is_active"])
+    inner = Inner()
+    assert call(app(inner), "POST", CREATE, headers, body)[0] == 299
+    assert django_answer("POST", CREATE, headers, body)[0] == 401
+
+
+def test_over_https_behind_a_proxy_the_answer_carries_djangos_security_headers(personas, settings):
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    settings.SECURE_HSTS_SECONDS = 3600
+    settings.SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    settings.SECURE_REFERRER_POLICY = "no-referrer"
+    headers, body = json_request(personas.agent_secret, heartbeat("n1"))
+    headers["x-forwarded-proto"] = "https"
+    fast = fast_answer("POST", LIVE, headers, body)
+    assert fast[1]["strict-transport-security"] == "max-age=3600; includeSubDomains"
+    assert fast[1]["referrer-policy"] == "no-referrer"
+    assert_same(fast, django_answer("POST", LIVE, headers, body), "https")
+    # Over plain http (the proxy says so) there is no HSTS header, on either path.
+    headers["x-forwarded-proto"] = "http"
+    plain = fast_answer("POST", LIVE, headers, body)
+    assert "strict-transport-security" not in plain[1]
+    assert_same(plain, django_answer("POST", LIVE, headers, body), "http behind the proxy")
+
+
+def test_a_forwarded_host_is_judged_as_django_judges_it(personas, settings):
+    settings.USE_X_FORWARDED_HOST = True
+    settings.ALLOWED_HOSTS = ["ingest.example"]
+    headers, body = json_request(personas.agent_secret, heartbeat("n1"))
+    allowed = {**headers, "host": "internal:8000", "x-forwarded-host": "ingest.example"}
+    assert_same(fast_answer("POST", LIVE, allowed, body), django_answer("POST", LIVE, allowed, body), "allowed")
+    refused = {**headers, "host": "ingest.example", "x-forwarded-host": "evil.example"}
+    inner = Inner()
+    assert call(app(inner), "POST", LIVE, refused, body)[0] == 299
+    assert django_answer("POST", LIVE, refused, body)[0] == 400

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,36 @@ def test_with_a_separate_agent_listener_chunks_on_the_browser_port_go_to_django(
     inner = Inner()
     status, _, _ = call(app(inner), "PATCH", route("12345678-1234-4234-8234-123456789abc"), {}, [])
     assert status == 299
+
+
+def test_a_chunk_with_a_token_revoked_since_the_last_one_is_refused_and_writes_nothing(personas, archive_file):
+    from apps.accounts.services import agent_token_revoke
+
+    data = archive_file.read_bytes()
+    upload_id = open_upload(personas.agent_secret, archive_file)
+    first = data[:1000]
+    assert call(app(), "PATCH", route(upload_id), chunk_headers(personas.agent_secret, 0, first), [first])[0] == 204
+    agent_token_revoke(actor=personas.alice, token=personas.agent_token)
+    rest = data[1000:]
+    headers = chunk_headers(personas.agent_secret, 1000, rest)
+    status, _, answer = call(app(), "PATCH", route(upload_id), headers, [rest])
+    assert (status, answer) == (401, {"detail": "Unknown or revoked agent token."})
+    assert (status, answer) == view_answer(headers, rest, route(upload_id))
+    assert uploads.part_path(Upload.objects.get(pk=upload_id)).read_bytes() == first
+
+
+def test_a_chunk_through_a_proxy_is_judged_by_the_forwarded_host_as_django_does(personas, archive_file, settings):
+    settings.USE_X_FORWARDED_HOST = True
+    settings.ALLOWED_HOSTS = ["ingest.example"]
+    data = archive_file.read_bytes()[:1000]
+    upload_id = Upload.objects.create(
+        id=uuid.uuid4(), token=personas.agent_token, owner=personas.alice, sha256="0" * 64, size=5000, filename="a"
+    ).pk
+    uploads.part_path(Upload.objects.get(pk=upload_id)).touch()
+    refused = {**chunk_headers(personas.agent_secret, 0, data), "host": "ingest.example", "x-forwarded-host": "x.io"}
+    assert call(app(), "PATCH", route(str(upload_id)), refused, [data])[0] == 400
+    meta = {"HTTP_HOST": "ingest.example", "HTTP_X_FORWARDED_HOST": "x.io"}
+    assert Client().generic("PATCH", route(str(upload_id)), data=data, **meta).status_code == 400  # Django's view
+    assert uploads.part_path(Upload.objects.get(pk=upload_id)).stat().st_size == 0
+    allowed = {**refused, "host": "internal", "x-forwarded-host": "ingest.example"}
+    assert call(app(), "PATCH", route(str(upload_id)), allowed, [data])[0] == 204
