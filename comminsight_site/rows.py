@@ -10,6 +10,7 @@ then ``Model.from_db``: the same instances, the same values, on PostgreSQL and S
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from typing import Any, TypeVar
 
@@ -24,17 +25,21 @@ def _concrete(model: type[Model]) -> tuple[Any, ...]:
     return tuple(model._meta.concrete_fields)
 
 
+# Names are quoted once per model and database (a lookup of ``connections[using]`` is not free either).
+@cache
 def columns(model: type[Model], alias: str, using: str = "default") -> str:
     """``alias.col, …`` for every concrete field of ``model``, in field order (``row`` reads them back)."""
     quote = connections[using].ops.quote_name
     return ", ".join(f"{alias}.{quote(field.column)}" for field in _concrete(model))
 
 
+@cache
 def table(model: type[Model], using: str = "default") -> str:
     """The quoted table name of ``model``."""
     return connections[using].ops.quote_name(model._meta.db_table)
 
 
+@cache
 def column(model: type[Model], name: str, using: str = "default") -> str:
     """The quoted column of field ``name`` of ``model``."""
     return connections[using].ops.quote_name(model._meta.get_field(name).column)
@@ -46,7 +51,7 @@ def param(model: type[Model], name: str, value: Any, using: str = "default") -> 
 
 
 @cache
-def _converters(model: type[Model], vendor: str, using: str) -> tuple[tuple[int, tuple[Any, ...], Any], ...]:
+def _converters(model: type[Model], using: str) -> tuple[tuple[int, tuple[Any, ...], Any], ...]:
     connection = connections[using]
     found = []
     for position, field in enumerate(_concrete(model)):
@@ -61,7 +66,7 @@ def row(model: type[M], values: tuple[Any, ...] | list[Any], using: str = "defau
     """An instance of ``model`` from the values of ``columns(model, …)``, converted as the ORM converts them."""
     connection = connections[using]
     values = list(values)
-    for position, converters, expression in _converters(model, connection.vendor, using):
+    for position, converters, expression in _converters(model, using):
         value = values[position]
         for converter in converters:
             value = converter(value, expression, connection)
@@ -78,11 +83,16 @@ def select_one(model: type[M], where: str, params: list[Any], using: str = "defa
     return None if found is None else row(model, found, using)
 
 
-def value(model: type[Model], name: str, raw: Any, using: str = "default") -> Any:
-    """One value of field ``name`` of ``model`` as read from the database, converted as the ORM converts it."""
+def converter(model: type[Model], name: str, using: str = "default") -> Callable[[Any], Any]:
+    """A function that converts a value of field ``name`` of ``model`` read from the database as the ORM does."""
     connection = connections[using]
     field = model._meta.get_field(name)
     expression = field.get_col(model._meta.db_table)
-    for converter in connection.ops.get_db_converters(expression) + expression.get_db_converters(connection):
-        raw = converter(raw, expression, connection)
-    return raw
+    converters = connection.ops.get_db_converters(expression) + expression.get_db_converters(connection)
+
+    def convert(raw: Any) -> Any:
+        for one in converters:
+            raw = one(raw, expression, connection)
+        return raw
+
+    return convert

@@ -225,7 +225,9 @@ def _fresh_heartbeats(workload_id: int, fresh_since: Any) -> dict[str, dict[str,
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [workload_id, rows.param(Node, "last_heartbeat_at", fresh_since)])
-        return {name: rows.value(Node, "last_heartbeat", beat) for name, beat in cursor.fetchall()}
+        found = cursor.fetchall()
+    convert = rows.converter(Node, "last_heartbeat")
+    return {name: convert(beat) for name, beat in found}
 
 
 def _workload_keep_live(workload: Workload) -> None:
