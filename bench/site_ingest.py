@@ -30,7 +30,10 @@ S3 / local and the server CPU per GB (the crowd is skipped).
 
 Run: .venv/bin/python bench/site_ingest.py [--size-mib 256] [--chunk-mib 8] [--workers 2] [--clients 50]
      [--rounds 10] [--crowd-chunk-kib 256] [--alternations 2] [--storage s3] [--baseline-tree DIR]
-Uses SQLite in the temporary data directory unless BENCH_DATABASE_URL is set (a database it may migrate).
+Uses SQLite in the temporary data directory unless BENCH_DATABASE_URL is set (a database it may migrate), and no
+Redis (each worker its own cache and channel layer) unless BENCH_REDIS_URL is set (a Redis database it may use: the
+shared rate-limit cache, the channel layer the heartbeats publish to, and the queue finalized uploads are sent to,
+as a deployment of several workers has them).
 """
 
 from __future__ import annotations
@@ -323,6 +326,8 @@ def main() -> None:
         )
         if os.environ.get("BENCH_DATABASE_URL"):
             env["DATABASE_URL"] = os.environ["BENCH_DATABASE_URL"]
+        if os.environ.get("BENCH_REDIS_URL"):
+            env["REDIS_URL"] = os.environ["BENCH_REDIS_URL"]
         manage(env, "serve", "--prepare-only")
         manage(
             env, "shell", "-c", "from apps.accounts.models import User; User.objects.get_or_create(username='bench')"
@@ -444,6 +449,7 @@ def report(args: argparse.Namespace, runs: dict[bool, list[dict]], floors: list[
         f"{args.size_mib} MiB in {runs[True][0]['chunk'] >> 20} MiB chunks; {args.clients} agents x {args.rounds} "
         f"rounds (crowd chunk {args.crowd_chunk_kib} KiB); {args.alternations} alternations"
         + (f"; before = {args.baseline_tree}, streamed" if args.baseline_tree else "")
+        + ("; with Redis" if os.environ.get("BENCH_REDIS_URL") else "; no Redis")
     )
     summary: dict[bool, dict[str, float]] = {}
     for new in (False, True):
