@@ -165,10 +165,14 @@ def _analyze(table: pa.Table | pl.DataFrame, silence_s: float) -> dict[str, Any]
         "lagging",
         "ahead",
     )
+    # One pass per stuck stream (thousands in a large layout: every communicator has an operation in
+    # flight), so the lookups are bound once.
+    rep_of, desc_get, first_ns_get = rep.get, desc_of.get, first_ns.get
+    no_info: dict[str, Any] = {}
     for comm_id, seq_kind, sop, seq, s_complete, has_missing, entered, missing, waiting, lagging, ahead in stuck_rows:
         key = (comm_id, seq_kind, sop)
-        info_row = rep.get(key, {})
-        mismatch = mismatch_at.get((*key, seq)) or mismatch_at.get((*key, s_complete or -1))
+        info_row = rep_of(key, no_info)
+        mismatch = (mismatch_at.get((*key, seq)) or mismatch_at.get((*key, s_complete or -1))) if mismatch_at else None
         if mismatch:
             kind = "mismatch"
             mismatch_roots.extend(mismatch["ranks"])
@@ -190,7 +194,7 @@ def _analyze(table: pa.Table | pl.DataFrame, silence_s: float) -> dict[str, Any]
             blockers, waiters = [], []
         group = {
             "group_id": comm_id,
-            "group_desc": desc_of.get(comm_id),
+            "group_desc": desc_get(comm_id),
             "op": info_row.get("op") or (sop or None),
             "seq": seq,
             "seq_kind": seq_kind,
@@ -202,7 +206,7 @@ def _analyze(table: pa.Table | pl.DataFrame, silence_s: float) -> dict[str, Any]
             "waiting_ranks": waiting,
             "lagging_ranks": lagging,
             "lowest_incomplete_seq": s_complete,
-            "first_entered_ns": first_ns.get(key),
+            "first_entered_ns": first_ns_get(key),
         }
         if mismatch:
             group["mismatch"] = mismatch["fields"]
@@ -369,12 +373,24 @@ def _analyze(table: pa.Table | pl.DataFrame, silence_s: float) -> dict[str, Any]
     evidence: dict[str, dict] = {}
     root_set = set(roots)
     no_evidence_set = set(no_evidence)
-    fields = ("group_id", "group_desc", "op", "seq", "state", "shape", "dtype")
-    columns = ("comm_id", "comm_desc", "op", "seq", "state", "shape", "dtype")
-    for r, *values in zip(*(last_ops[c].to_list() for c in ("rank", *columns)), strict=True):
-        evidence[str(r)] = {"last_op": dict(zip(fields, values, strict=True))}
+    columns = ("rank", "comm_id", "comm_desc", "op", "seq", "state", "shape", "dtype")
+    for r, comm_id, desc, op, seq, state, shape, dtype in gather.rows(last_ops, *columns):
+        evidence[str(r)] = {
+            "last_op": {
+                "group_id": comm_id,
+                "group_desc": desc,
+                "op": op,
+                "seq": seq,
+                "state": state,
+                "shape": shape,
+                "dtype": dtype,
+            }
+        }
     for r in sorted(world):
-        item = evidence.setdefault(str(r), {"last_op": None})
+        name = str(r)
+        item = evidence.get(name)
+        if item is None:
+            item = evidence[name] = {"last_op": None}
         if r in root_set:
             status = "root_cause"
         elif r in no_evidence_set:
@@ -404,16 +420,19 @@ def _analyze(table: pa.Table | pl.DataFrame, silence_s: float) -> dict[str, Any]
             }
         if edges.get(r):
             item["waits_on"] = sorted(edges[r])[:MAX_LISTED]
-        if str(r) in abandoned:
-            item["abandoned_ops"] = abandoned[str(r)]
+        if name in abandoned:
+            item["abandoned_ops"] = abandoned[name]
 
     order = {"mismatch": 0, "missing_ranks": 1, "p2p_unmatched": 2, "lagging_ranks": 3, "p2p_inside": 4}
 
     # Within a kind, the group where ranks were first seen entering comes first: that is where
     # progress diverged earliest.
     def blocked_by_root(group: dict) -> bool:
-        blockers = group["missing_ranks"] + group["lagging_ranks"] + group.get("blocked_earlier_ranks", [])
-        return bool(root_set.intersection(blockers))
+        return not (
+            root_set.isdisjoint(group["missing_ranks"])
+            and root_set.isdisjoint(group["lagging_ranks"])
+            and root_set.isdisjoint(group.get("blocked_earlier_ranks", ()))
+        )
 
     # Within a kind, the groups the root causes block first (the others are knock-on effects).
     stuck_groups.sort(

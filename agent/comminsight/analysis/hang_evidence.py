@@ -122,6 +122,7 @@ def per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
                 pl.lit(bounds["k0"], pl.String).alias("seq_kind"),
                 pl.lit(bounds["s0"], pl.String).alias("sop"),
                 (pl.col("_key") % _RANK_SPAN).cast(pl.Int32).alias("rank"),
+                (pl.col("_key") // _RANK_SPAN).alias("_stream"),
             ]
     aggregated = (
         coll.lazy()
@@ -147,6 +148,10 @@ def per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
     per_rank = pl.concat([aggregated.drop("_first"), first_rows], how="horizontal")
     if restore:
         per_rank = per_rank.select(*keys[:1], *restore, pl.exclude("_key", *keys))
+    else:
+        # ``_stream``: an integer per stream, so that later joins need not compare text.
+        streams = per_rank.select(keys[:3]).unique().with_row_index("_stream")
+        per_rank = per_rank.join(streams.with_columns(pl.col("_stream").cast(pl.Int64)), on=keys[:3], how="left")
     # Abandoned operations are rare: counted over their own rows, not aggregated over all of them.
     abandoned = (
         coll.filter(pl.col("state") == "abandoned").group_by(keys).agg(pl.len().cast(pl.UInt32).alias("abandoned"))
@@ -196,16 +201,14 @@ def members_and_info(per_rank: pl.DataFrame, rest: pl.DataFrame, df: pl.DataFram
     seen = pl.concat([per_rank.select("comm_id", "rank"), rest.select("comm_id", "rank")])
     columns = ("comm_id", "comm_desc", "comm_name", "comm_size")
     members = pl.concat([listed.select("comm_id", pl.col("rank").cast(pl.Int32)), seen]).unique()
-    info = (
-        pl.concat([per_rank.select(*columns), rest.select(*columns)])
-        .group_by("comm_id")
-        .agg(
-            pl.col("comm_desc").drop_nulls().first().alias("comm_desc"),
-            pl.col("comm_name").drop_nulls().first().alias("comm_name"),
-            pl.col("comm_size").max().alias("comm_size"),
-        )
-        .select("comm_id", DESC, "comm_size")
-    )
+    both = pl.concat([per_rank.select(*columns), rest.select(*columns)])
+    # Each name's first non-null value, from its non-null rows (a plain first() stays vectorised, a
+    # drop_nulls() inside the aggregation would run group by group).
+    info = both.group_by("comm_id").agg(pl.col("comm_size").max())
+    for name in ("comm_desc", "comm_name"):
+        named = both.filter(pl.col(name).is_not_null()).group_by("comm_id").agg(pl.col(name).first())
+        info = info.join(named, on="comm_id", how="left")
+    info = info.select("comm_id", DESC, "comm_size")
     return members, info
 
 
@@ -234,13 +237,11 @@ def rank_activity(per_rank: pl.DataFrame, rest: pl.DataFrame) -> pl.DataFrame:
 
 def collective_streams(per_rank: pl.DataFrame, members: pl.DataFrame, evidence_ranks: list[int]) -> pl.DataFrame:
     """One row per (stream, member rank) with entered / watermark / first pending sequences."""
-    streams = per_rank.select("comm_id", "seq_kind", "sop").unique()
+    streams = per_rank.select("_stream", "comm_id", "seq_kind", "sop").unique("_stream")
     grid = streams.join(members, on="comm_id", how="inner")
     out = grid.join(
-        per_rank.select("comm_id", "seq_kind", "sop", "rank", "entered", "watermark", "first_pending"),
-        on=["comm_id", "seq_kind", "sop", "rank"],
-        how="left",
-    )
+        per_rank.select("_stream", "rank", "entered", "watermark", "first_pending"), on=["_stream", "rank"], how="left"
+    ).drop("_stream")
     return out.with_columns(
         pl.col("entered").is_not_null().alias("has_rows"),
         # A member that left no evidence at all may have entered anything: it does not set the
