@@ -109,18 +109,16 @@ def per_rank_streams(coll: pl.DataFrame) -> pl.DataFrame:
     group_keys: list[str | pl.Expr] = keys
     restore: list[pl.Expr] = []
     if not coll.is_empty():
-        bounds = coll.select(
-            pl.col("seq_kind").min().alias("k0"),
-            pl.col("seq_kind").max().alias("k1"),
-            pl.col("sop").min().alias("s0"),
-            pl.col("sop").max().alias("s1"),
-            pl.col("rank").min().alias("r0"),
-        ).row(0, named=True)
-        if bounds["k0"] == bounds["k1"] and bounds["s0"] == bounds["s1"] and bounds["r0"] >= 0:
+        # One kind and op key in every row: compared with the first row's (cheaper than text min/max).
+        kind, sop = coll.get_column("seq_kind")[0], coll.get_column("sop")[0]
+        one_stream_per_comm = coll.select(
+            ((pl.col("seq_kind") == kind) & (pl.col("sop") == sop)).all() & (pl.col("rank").min() >= 0)
+        ).item()
+        if one_stream_per_comm:
             group_keys = [(pl.col("_comm") * _RANK_SPAN + pl.col("rank").cast(pl.Int64)).alias("_key")]
             restore = [
-                pl.lit(bounds["k0"], pl.String).alias("seq_kind"),
-                pl.lit(bounds["s0"], pl.String).alias("sop"),
+                pl.lit(kind, pl.String).alias("seq_kind"),
+                pl.lit(sop, pl.String).alias("sop"),
                 (pl.col("_key") % _RANK_SPAN).cast(pl.Int32).alias("rank"),
                 (pl.col("_key") // _RANK_SPAN).alias("_stream"),
             ]
@@ -241,7 +239,7 @@ def collective_streams(per_rank: pl.DataFrame, members: pl.DataFrame, evidence_r
     grid = streams.join(members, on="comm_id", how="inner")
     out = grid.join(
         per_rank.select("_stream", "rank", "entered", "watermark", "first_pending"), on=["_stream", "rank"], how="left"
-    ).drop("_stream")
+    )
     return out.with_columns(
         pl.col("entered").is_not_null().alias("has_rows"),
         # A member that left no evidence at all may have entered anything: it does not set the
@@ -258,19 +256,25 @@ def collective_streams(per_rank: pl.DataFrame, members: pl.DataFrame, evidence_r
 
 
 def stuck_streams(grid: pl.DataFrame) -> pl.DataFrame:
-    """Per stuck stream: blocking seq, its kind, and member lists (entered, missing, waiting, lagging)."""
-    keys = ["comm_id", "seq_kind", "sop"]
+    """Per stuck stream: blocking seq, its kind, and member lists (entered, missing, waiting, lagging).
+
+    Grouped on the integer stream code; conditions are folded into the aggregated values (a filter
+    inside an aggregation runs group by group), and the rows are sorted by rank once so that every
+    member list comes out sorted (rows keep their order within a group).
+    """
+    key = "_stream"
     # A collective completes only once every member entered it: whatever one member completed,
     # all entered, even when a member's own record of it was lost (a process that crashed before
     # its last records were flushed, a ring that dropped them).
-    done_by_any = pl.col("watermark").max().over(keys).fill_null(_NONE)
+    done_by_any = pl.col("watermark").max().over(key).fill_null(_NONE)
     grid = grid.with_columns(pl.max_horizontal("entered", done_by_any).alias("entered"))
-    stats = grid.group_by(keys).agg(
+    with_rows = pl.when(pl.col("has_rows")).then(pl.col("next_incomplete"))
+    stats = grid.group_by(key).agg(
         pl.col("first_pending").is_not_null().any().alias("stuck"),
-        (pl.col("entered").filter(pl.col("has_evidence")).min() + 1).alias("s_entry"),
+        (pl.when(pl.col("has_evidence")).then(pl.col("entered")).min() + 1).alias("s_entry"),
         pl.col("entered").max().alias("max_entered"),
-        pl.col("next_incomplete").filter(pl.col("has_rows")).min().alias("s_complete"),
-        pl.col("next_incomplete").filter(pl.col("has_rows")).max().alias("max_incomplete"),
+        with_rows.min().alias("s_complete"),
+        with_rows.max().alias("max_incomplete"),
     )
     stats = stats.filter(pl.col("stuck"))
     stats = stats.with_columns(
@@ -280,36 +284,41 @@ def stuck_streams(grid: pl.DataFrame) -> pl.DataFrame:
         .alias("seq"),
         (pl.col("max_incomplete") > pl.col("s_complete")).alias("has_laggards"),
     )
-    joined = grid.join(stats, on=keys, how="inner")
+    joined = grid.join(stats.drop("stuck"), on=key, how="inner").sort("rank")
     entered_at = pl.col("entered") >= pl.col("seq")
-    return joined.group_by(keys).agg(
-        pl.col("seq").first(),
-        pl.col("s_complete").first(),
-        (~entered_at).any().alias("has_missing"),
-        pl.col("has_laggards").first(),
-        pl.col("rank").filter(entered_at).sort().alias("entered_ranks"),
-        pl.col("rank").filter(~entered_at).sort().alias("missing_ranks"),
-        # Waiting at the blocking seq: entered it and not completed it.
-        pl.col("rank").filter(entered_at & (pl.col("next_incomplete") <= pl.col("seq"))).sort().alias("waiting"),
-        # Lagging: entered the lowest incomplete seq that some peer completed, without completing it.
-        pl.col("rank")
-        .filter(
-            pl.col("has_laggards")
-            & pl.col("has_rows")
-            & (pl.col("next_incomplete") == pl.col("s_complete"))
-            & (pl.col("entered") >= pl.col("s_complete"))
+    return (
+        joined.group_by(key)
+        .agg(
+            pl.col("comm_id").first(),
+            pl.col("seq_kind").first(),
+            pl.col("sop").first(),
+            pl.col("seq").first(),
+            pl.col("s_complete").first(),
+            (~entered_at).any().alias("has_missing"),
+            pl.col("has_laggards").first(),
+            pl.col("rank").filter(entered_at).alias("entered_ranks"),
+            pl.col("rank").filter(~entered_at).alias("missing_ranks"),
+            # Waiting at the blocking seq: entered it and not completed it.
+            pl.col("rank").filter(entered_at & (pl.col("next_incomplete") <= pl.col("seq"))).alias("waiting"),
+            # Lagging: entered the lowest incomplete seq that some peer completed, without completing it.
+            pl.col("rank")
+            .filter(
+                pl.col("has_laggards")
+                & pl.col("has_rows")
+                & (pl.col("next_incomplete") == pl.col("s_complete"))
+                & (pl.col("entered") >= pl.col("s_complete"))
+            )
+            .alias("lagging"),
+            # Ranks pending at a later seq than the laggards: they wait for the laggards.
+            pl.col("rank")
+            .filter(
+                pl.col("has_laggards")  # only read where some rank lags
+                & pl.col("first_pending").is_not_null()
+                & (pl.col("next_incomplete") > pl.col("s_complete"))
+            )
+            .alias("ahead"),
         )
-        .sort()
-        .alias("lagging"),
-        # Ranks pending at a later seq than the laggards: they wait for the laggards.
-        pl.col("rank")
-        .filter(
-            pl.col("has_laggards")  # only read where some rank lags
-            & pl.col("first_pending").is_not_null()
-            & (pl.col("next_incomplete") > pl.col("s_complete"))
-        )
-        .sort()
-        .alias("ahead"),
+        .drop(key)
     )
 
 
