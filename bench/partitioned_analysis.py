@@ -247,7 +247,11 @@ def reduce_task(kind: str, outs: list[str], stage: int = 1) -> tuple[str, float,
             )
             return json.dumps(step_doc(*steps_merge(parts, per_rank=False)), default=str)
         if kind == "hang":
-            report = hang_reduce(pl.read_parquet(f"{o}-tail.parquet") for o in outs)
+            report = hang_reduce(len(outs), lambda i: pl.read_parquet(f"{outs[i]}-tail.parquet"))
+        elif kind == "hang-concat":  # the baseline: every tail held at once, as the merge did before it folded
+            from comminsight.analysis import analyze_hang
+
+            report = analyze_hang(pl.concat([pl.read_parquet(f"{o}-tail.parquet") for o in outs]))
         else:  # as the site merges: the samples a range of ranks at a time (64 ranks here)
             done = [o for o in outs if Path(f"{o}-groups.parquet").exists()]
             samples = pl.scan_parquet([f"{o}-samples.parquet" for o in done])
@@ -317,6 +321,14 @@ def run_partitioned(kind: str, files: list[str], max_rows: int, workers: int, sc
                 reduces.append(reducer.submit(reduce_task, kind, outs, stage).result())
                 t_reduce += time.perf_counter() - t1
         wall = time.perf_counter() - t0
+        baseline = None
+        if kind == "hang":  # the same tails merged without folding, in a worker of its own (not timed in wall)
+            with warm_pool(1) as reducer:
+                baseline = reducer.submit(reduce_task, "hang-concat", outs).result()
+            from tests.analysis_partitioned.compare import settled
+
+            assert settled(json.loads(baseline[0])) == settled(json.loads(reduces[-1][0])), "hang: folded merge differs"
+        tail_rows = sum(pq.ParquetFile(f"{o}-tail.parquet").metadata.num_rows for o in outs) if kind == "hang" else 0
     return {
         "report": reduces[-1][0],
         "wall_s": wall,
@@ -328,6 +340,9 @@ def run_partitioned(kind: str, files: list[str], max_rows: int, workers: int, sc
         "map_peak_mib_max": max(m[2] for m in maps),
         "reduce_s": t_reduce,
         "reduce_peak_mib": max(r[2] for r in reduces),
+        "baseline_reduce_s": baseline[1] if baseline else None,
+        "baseline_reduce_peak_mib": baseline[2] if baseline else None,
+        "tail_rows": tail_rows,
     }
 
 
@@ -381,6 +396,13 @@ def main() -> None:
                     f"   map tasks {run['map_s_sum']:.1f} s in all ({run['map_s_sum'] / run['maps']:.2f} s each,"
                     f" slowest {run['map_s_max']:.1f} s), peak of a map worker {run['map_peak_mib_max']:.0f} MiB;"
                     f" reduce {run['reduce_s']:.1f} s / {run['reduce_peak_mib']:.0f} MiB"
+                )
+            if kind == "hang":
+                print(
+                    f"  merge: folded {first['reduce_s']:.1f} s / {first['reduce_peak_mib']:.0f} MiB against every tail"
+                    f" at once {first['baseline_reduce_s']:.1f} s / {first['baseline_reduce_peak_mib']:.0f} MiB"
+                    f" (ratio of peaks {first['baseline_reduce_peak_mib'] / first['reduce_peak_mib']:.2f},"
+                    f" same report; {first['tail_rows']:,} tail rows, {first['tail_rows'] / args.ranks:.0f} a rank)"
                 )
             if kind == "steps":
                 found = json.loads(first["report"])

@@ -512,7 +512,8 @@ def _steps_reduce(job_id: int, attempt: int, count: int) -> dict[str, Any]:
 
 def partition_reduce(job_id: int, attempt: int) -> dict[str, Any] | None:
     """Merge the run's summaries into the job's report; None when the run is over (cancelled, failed, stale)."""
-    from comminsight.analysis.partitioned import hang_reduce, perf_reduce_by_rank, slice_groups
+    from comminsight.analysis.hang import analyze_hang
+    from comminsight.analysis.partitioned import hang_merge, perf_reduce_by_rank, slice_groups
 
     job = _current(job_id, attempt)
     if job is None:
@@ -532,12 +533,13 @@ def partition_reduce(job_id: int, attempt: int) -> dict[str, Any] | None:
         groups += [merged] if merged is not None else []
         samples = [store.location(f"{prefix}/part-{i:06d}-samples.parquet") for i in sorted(done + sliced)]
         return perf_reduce_by_rank(groups, _samples_by_rank(samples), slow_fraction=params["slow_fraction"])
-    tails = [_read_frame(f"{prefix}/part-{i:06d}-tail.parquet") for i in range(count)]
-    merged = pa.concat_tables([t.to_arrow().cast(SCHEMA) for t in tails if t.height] or [SCHEMA.empty_table()])
+    # The tails folded one at a time (two passes over the stored summaries), then named and analysed.
+    merged = hang_merge(count, lambda i: _read_frame(f"{prefix}/part-{i:06d}-tail.parquet"))
     with workload_metadata_dir(job.workload) as tables:
-        named = pl.from_arrow(operations_named(merged, tables))
+        typed = pa.schema([SCHEMA.field(name) for name in merged.columns])  # the tails keep some columns
+        named = pl.from_arrow(operations_named(merged.to_arrow().cast(typed), tables))
     assert isinstance(named, pl.DataFrame)
-    return hang_reduce([named], silence_s=params["silence_s"])
+    return analyze_hang(named, silence_s=params["silence_s"])
 
 
 def run_fingerprint(job_id: int, attempt: int) -> str:

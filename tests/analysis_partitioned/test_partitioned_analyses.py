@@ -17,6 +17,7 @@ import pytest
 
 from comminsight.analysis import analyze_hang
 from comminsight.analysis.partitioned import (
+    hang_merge,
     hang_reduce,
     hang_tail,
     merge_step_totals,
@@ -39,10 +40,12 @@ from comminsight.analysis.partitioned import (
     steps_reduce,
 )
 from comminsight.analysis.perf import analyse_perf
+from comminsight.importers import load
 from comminsight.semantic import recover_steps
 from tests.analysis_partitioned.compare import canonical, settled
 
 TESTS = Path(__file__).resolve().parents[1]
+FR_PUBLIC = TESTS.parents[0].parent / "shared" / "data" / "public" / "flight_recorder_nvrx" / "gpu_error_1st"
 sys.path.insert(0, str(TESTS / "analysis_hang"))
 sys.path.insert(0, str(TESTS / "semantic"))
 import synthetic  # noqa: E402
@@ -66,7 +69,7 @@ def hang_both_ways(table: pa.Table, ranks_per_partition: int = 3, tail_seqs: int
     df = by_rank(table)
     tails = [hang_tail(part, tail_seqs=tail_seqs) for part in rank_partitions(df, ranks_per_partition)]
     kept = sum(t.height for t in tails) / max(df.height, 1)
-    return analyze_hang(df), hang_reduce(tails), kept
+    return analyze_hang(df), hang_reduce(len(tails), tails.__getitem__), kept
 
 
 def hang_cases() -> dict[str, pa.Table]:
@@ -118,6 +121,50 @@ def test_one_partition_per_rank_and_one_for_all_give_the_same_hang_report():
     table = HANG_CASES["pp-hung"]
     reports = [hang_both_ways(table, ranks_per_partition=n)[1] for n in (1, 16)]
     assert settled(reports[0]) == settled(reports[1])
+
+
+def test_the_merge_keeps_of_each_tail_only_the_rows_at_or_above_its_streams_lowest_watermark():
+    layout = Layout(2, 2, 2)
+    table = run(layout, programs_for(layout, steps=12), hang_at={3: 60})
+    df = by_rank(table)
+    tails = [hang_tail(part) for part in rank_partitions(df, 2)]  # the default tail, 64 sequences
+    merged = hang_merge(len(tails), tails.__getitem__)
+    assert settled(analyze_hang(merged)) == settled(analyze_hang(df))
+    # The ranks stopped together: below the lowest watermark of each stream nothing can block.
+    assert merged.height < 0.5 * sum(t.height for t in tails)
+
+
+def completions_lost(df: pl.DataFrame, rank: int, last: int) -> pl.DataFrame:
+    """``df`` with ``rank``'s last ``last`` completed collectives of each communicator recorded as still started."""
+    done = (pl.col("rank") == rank) & ~pl.col("is_p2p") & (pl.col("state") == "completed")
+    position = pl.col("seq").rank("ordinal", descending=True).over("comm_id", "rank")
+    lost = done & (pl.when(done).then(position).otherwise(None) <= last)
+    return df.with_columns(
+        pl.when(lost).then(pl.lit("started")).otherwise(pl.col("state")).alias("state"),
+        pl.when(lost).then(None).otherwise(pl.col("end_ns")).alias("end_ns"),
+    )
+
+
+def test_a_rank_whose_completions_lag_its_peers_folds_to_the_whole_tables_report():
+    layout = Layout(2, 2, 2)
+    df = completions_lost(by_rank(run(layout, programs_for(layout, steps=12), hang_at={3: 60})), rank=5, last=3)
+    whole = analyze_hang(df)
+    assert 5 in whole["failures"]["stalled_completion_ranks"]
+    tails = [hang_tail(part) for part in rank_partitions(df, 2)]
+    merged = hang_merge(len(tails), tails.__getitem__)
+    assert settled(analyze_hang(merged)) == settled(whole)
+
+
+def test_real_dumps_with_a_rank_whose_completions_stalled_fold_to_the_whole_tables_report():
+    if not FR_PUBLIC.is_dir():
+        pytest.skip("public data not available")
+    df = by_rank(load(FR_PUBLIC))
+    whole = analyze_hang(df)
+    # Completions lag on the broken ranks: their peers' rows at the blocking sequence completed.
+    assert whole["failures"]["stalled_completion_ranks"]
+    for ranks_per_partition in (1, 3):
+        tails = [hang_tail(part) for part in rank_partitions(df, ranks_per_partition)]
+        assert settled(hang_reduce(len(tails), tails.__getitem__)) == settled(whole)
 
 
 def comm_partitions(table: pa.Table, comms_per_partition: int) -> list[pl.DataFrame]:

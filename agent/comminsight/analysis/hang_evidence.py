@@ -22,28 +22,32 @@ NO_TIME = -(2**63)  # below any timestamp; stands for "no time" inside aggregati
 _RANK_SPAN = 1 << 31  # ranks are int32: (communicator code, rank) packs into one int64 key
 
 
+# The columns of the operations table the hang analysis reads.
+COLUMNS = (
+    "rank",
+    "comm_id",
+    "comm_name",
+    "comm_desc",
+    "comm_size",
+    "comm_ranks",
+    "op",
+    "is_p2p",
+    "seq",
+    "seq_kind",
+    "count",
+    "dtype",
+    "shape",
+    "peer",
+    "state",
+    "enqueue_ns",
+    "start_ns",
+    "end_ns",
+    "record_id",
+)
+
+
 def frame(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
-    keep = [
-        "rank",
-        "comm_id",
-        "comm_name",
-        "comm_desc",
-        "comm_size",
-        "comm_ranks",
-        "op",
-        "is_p2p",
-        "seq",
-        "seq_kind",
-        "count",
-        "dtype",
-        "shape",
-        "peer",
-        "state",
-        "enqueue_ns",
-        "start_ns",
-        "end_ns",
-        "record_id",
-    ]
+    keep = list(COLUMNS)
     # Only the columns used here cross from Arrow to polars, without re-chunking.
     selected = table.select(keep)
     df = selected if isinstance(selected, pl.DataFrame) else pl.from_arrow(selected, rechunk=False)

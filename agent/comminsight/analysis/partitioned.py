@@ -6,13 +6,18 @@ unpartitioned analysis gives on the same rows. Memory per map task is bounded by
 the reduce holds summaries, not the job's rows.
 
 - **hang** — partitions of whole ranks (every row of a rank in one partition). ``hang_tail`` keeps
-  the rows ``analyze_hang`` can look at: everything not completed, the last ``HANG_TAIL_SEQS``
-  completed sequences of every (stream, rank) - the tail of every communicator - and the few rows
-  that carry a per-(communicator, rank) fact (first row, latest time, latest record, names,
-  sizes, positions). ``hang_reduce`` concatenates the tails in partition order and runs
-  ``analyze_hang``. Exact while the completion watermarks of one stream's members differ by less
-  than HANG_TAIL_SEQS (a collective completes on all its members together; a larger gap means a
-  member's records were lost).
+  the rows ``analyze_hang`` can look at, in the columns it reads: everything not completed, the last
+  ``HANG_TAIL_SEQS`` completed sequences of every (stream, rank) - the tail of every communicator -
+  and the few rows that carry a per-(communicator, rank) fact (first row, latest time, latest record,
+  names, sizes, positions). ``hang_merge`` folds the tails in two passes, one partition at a time:
+  pass 1 finds each stream's *floor*, the lowest completion watermark of its members; pass 2 keeps of
+  each tail only the completed rows at or above its stream's floor (with the fact rows), then
+  concatenates them in partition order for ``analyze_hang`` (``hang_reduce``). No blocking sequence
+  lies below a floor (every member completed it), so this drops nothing the analysis reads, and a
+  job whose members stopped together keeps a few rows per (stream, rank) instead of the tail's.
+  Exact while the completion watermarks of one stream's members differ by less than HANG_TAIL_SEQS
+  (a collective completes on all its members together; a larger gap means a member's records were
+  lost).
 - **perf** — partitions of whole communicators (every member's rows of the communicator), since
   operations are matched across members. ``perf_map`` returns the exact per-(communicator, op,
   size) medians and, per transfer, the five numbers the per-rank and per-link medians need;
@@ -43,6 +48,7 @@ import polars as pl
 import pyarrow as pa
 
 from comminsight.analysis.hang import analyze_hang
+from comminsight.analysis.hang_evidence import COLUMNS as HANG_COLUMNS
 from comminsight.analysis.perf import (
     GROUP_KEYS,
     GROUP_MEDIANS,
@@ -71,22 +77,39 @@ def _frame(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
     return df
 
 
-def hang_tail(table: pa.Table | pl.DataFrame, tail_seqs: int = HANG_TAIL_SEQS) -> pl.DataFrame:
-    """The rows of one partition (whole ranks) that the hang analysis reads, in their original order."""
-    df = _frame(table).filter(pl.col("op") != "compute").with_row_index("_r")
+# What a hang tail keeps of each row: the columns the analysis reads, and each rank's position in its
+# communicator (naming the communicators on the site reads it).
+TAIL_COLUMNS = [*HANG_COLUMNS, "comm_rank"]
+_STREAM_KEYS = ["comm_id", "seq_kind", "_sop"]
+
+
+def _stream_columns(df: pl.DataFrame) -> pl.DataFrame:
+    stream = ~pl.col("is_p2p") & pl.col("seq").is_not_null() & pl.col("seq_kind").is_not_null()
+    sop = pl.when(pl.col("seq_kind") == "func").then(pl.col("op")).otherwise(pl.lit(""))
+    return df.with_columns(_stream=stream, _sop=sop)
+
+
+def hang_tail(
+    table: pa.Table | pl.DataFrame, tail_seqs: int = HANG_TAIL_SEQS, floors: pl.DataFrame | None = None
+) -> pl.DataFrame:
+    """The rows of one partition (whole ranks) that the hang analysis reads, in their original order.
+
+    With ``floors`` (``hang_floors`` of every partition, merged), the completed rows of a stream kept
+    are those at or above the stream's floor instead of the last ``tail_seqs`` (a tail given again
+    with floors loses only rows no analysis reads)."""
+    df = _frame(table)
+    df = df.select([c for c in TAIL_COLUMNS if c in df.columns]).filter(pl.col("op") != "compute")
+    df = df.with_row_index("_r")
     if df.is_empty():
         return df.drop("_r")
     done = pl.col("state") == "completed"
     real = pl.col("op") != PROGRESS_OP
-    stream = ~pl.col("is_p2p") & pl.col("seq").is_not_null() & pl.col("seq_kind").is_not_null()
-    sop = pl.when(pl.col("seq_kind") == "func").then(pl.col("op")).otherwise(pl.lit(""))
+    df = _stream_columns(df)
     when_t = pl.max_horizontal("enqueue_ns", "start_ns", "end_ns")
     first_t = pl.min_horizontal(
         pl.col("enqueue_ns").fill_null(0).replace(0, None), pl.col("start_ns").fill_null(0).replace(0, None)
     )
     df = df.with_columns(
-        _stream=stream,
-        _sop=sop,
         _t=pl.when(real).then(when_t),
         _first_t=pl.when(real).then(first_t),
         _real=real,
@@ -111,9 +134,15 @@ def hang_tail(table: pa.Table | pl.DataFrame, tail_seqs: int = HANG_TAIL_SEQS) -
     def first_where(condition: pl.Expr, over: list[str]) -> pl.Expr:
         return pl.col("_r") == pl.col("_r").filter(condition).min().over(over)
 
+    if floors is None:
+        window = pl.col("_wm").is_null() | (pl.col("seq") >= pl.col("_wm") - tail_seqs)
+    else:
+        df = df.join(floors.rename({"floor": "_floor"}), on=_STREAM_KEYS, how="left", maintain_order="left")
+        # No floor: some member of the stream completed nothing, so any of its sequences may block.
+        window = pl.col("_floor").is_null() | (pl.col("seq") >= pl.col("_floor"))
     keep = (
         ~done
-        | (pl.col("_stream") & (pl.col("_wm").is_null() | (pl.col("seq") >= pl.col("_wm") - tail_seqs)))
+        | (pl.col("_stream") & window)
         | pl.col("_p2p_open")
         # per (stream or communicator, rank): first row, latest time, latest record, largest size
         | (pl.col("_r") == pl.col("_r").min().over(group))
@@ -131,27 +160,51 @@ def hang_tail(table: pa.Table | pl.DataFrame, tail_seqs: int = HANG_TAIL_SEQS) -
         # progress watermarks of P2P sequences
         | first_where(watermark & (pl.col("seq") == pl.col("_progress_max")), crp)
     )
-    return df.filter(keep.fill_null(False)).drop(
-        "_r",
-        "_stream",
-        "_sop",
-        "_t",
-        "_first_t",
-        "_real",
-        "_wm",
-        "_t_max",
-        "_size_max",
-        "_first_t_min",
-        "_progress_max",
-        "_p2p_open",
+    return df.filter(keep.fill_null(False)).select(c for c in TAIL_COLUMNS if c in df.columns)
+
+
+def hang_floors(tail: pl.DataFrame) -> pl.DataFrame:
+    """Per stream (comm_id, seq_kind, _sop) of one partition's tail: ``floor``, the lowest completion
+    watermark of its ranks there; null when one of them completed nothing in it."""
+    schema = {"comm_id": pl.String, "seq_kind": pl.String, "_sop": pl.String, "floor": pl.Int64}
+    if tail.is_empty():
+        return pl.DataFrame(schema=schema)
+    streams = _stream_columns(tail.select("rank", "comm_id", "op", "is_p2p", "seq", "seq_kind", "state"))
+    watermarks = (
+        streams.filter(pl.col("_stream"))
+        .group_by(*_STREAM_KEYS, "rank")
+        .agg(pl.col("seq").filter(pl.col("state") == "completed").max().alias("wm"))
+    )
+    return _lowest(watermarks).cast(schema)  # type: ignore[arg-type]
+
+
+def _lowest(watermarks: pl.DataFrame) -> pl.DataFrame:
+    """Per stream the lowest of ``wm`` (or ``floor``), null as soon as one is null."""
+    column = "wm" if "wm" in watermarks.columns else "floor"
+    return watermarks.group_by(_STREAM_KEYS).agg(
+        pl.when(pl.col(column).null_count() == 0).then(pl.col(column).min()).alias("floor")
     )
 
 
-def hang_reduce(tails: Iterable[pl.DataFrame], *, silence_s: float = 60.0) -> dict[str, Any]:
-    """The hang report from the partitions' tails, given in partition order."""
-    frames = [t for t in tails if t.height]
-    merged = pl.concat(frames, how="vertical_relaxed") if frames else empty_table()
-    return analyze_hang(merged, silence_s=silence_s)
+def hang_merge(count: int, load: Callable[[int], pl.DataFrame]) -> pl.DataFrame:
+    """The tails of partitions ``0 .. count - 1`` (``load(i)``: partition i's, as ``hang_tail`` gave it)
+    folded for ``analyze_hang``, in partition order: two passes, holding one tail at a time beside the
+    floors (one row per stream) and what the second pass keeps."""
+    floors: pl.DataFrame | None = None
+    for i in range(count):
+        part = hang_floors(load(i))
+        floors = part if floors is None else _lowest(pl.concat([floors, part]))
+    frames = []
+    for i in range(count) if floors is not None else ():
+        kept = hang_tail(load(i), floors=floors)
+        if kept.height:
+            frames.append(kept)
+    return pl.concat(frames, how="vertical_relaxed") if frames else pl.from_arrow(empty_table())  # type: ignore[return-value]
+
+
+def hang_reduce(count: int, load: Callable[[int], pl.DataFrame], *, silence_s: float = 60.0) -> dict[str, Any]:
+    """The hang report from the partitions' tails (``load(i)``: partition i's, partitions in order)."""
+    return analyze_hang(hang_merge(count, load), silence_s=silence_s)
 
 
 def perf_map(table: pa.Table | pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame] | None:
