@@ -93,22 +93,8 @@ def _analyze(table: pa.Table | pl.DataFrame, silence_s: float) -> dict[str, Any]
     mism = gather.mismatches(near)
     p2p, p2p_ops = gather.pending_p2p(rest)
 
-    # Representative op/shape/dtype at each blocking seq: the most common among the ranks there.
-    # Ties (e.g. all_to_all, whose split sizes differ per rank) go to the lowest rank.
-    rep: dict[tuple, dict] = {}
-    first_ns: dict[tuple, int] = {}
-    if not at.is_empty():
-        modes = at.group_by("comm_id", "seq_kind", "sop", "op", "shape", "dtype").agg(
-            pl.len().alias("n"), pl.col("rank").min().alias("low")
-        )
-        keys = ["comm_id", "seq_kind", "sop"]
-        modes = modes.sort(["n", "low"], descending=[True, False]).unique(keys, keep="first", maintain_order=True)
-        rep = {
-            (c, k, o): {"op": op, "shape": shape, "dtype": dtype}
-            for c, k, o, op, shape, dtype in gather.rows(modes, *keys, "op", "shape", "dtype")
-        }
-        times = at.group_by(keys).agg(pl.min_horizontal("enqueue_ns", "start_ns").min().alias("t"))
-        first_ns = {(c, k, o): t for c, k, o, t in gather.rows(times, *keys, "t") if t is not None}
+    # Representative op/shape/dtype at each blocking seq and when ranks were first seen entering it.
+    stuck = stuck.join(gather.representatives(at), on=["comm_id", "seq_kind", "sop"], how="left")
 
     mismatch_at: dict[tuple, dict] = {}
     mismatches = []
@@ -164,14 +150,32 @@ def _analyze(table: pa.Table | pl.DataFrame, silence_s: float) -> dict[str, Any]
         "waiting",
         "lagging",
         "ahead",
+        "op",
+        "shape",
+        "dtype",
+        "first_ns",
     )
     # One pass per stuck stream (thousands in a large layout: every communicator has an operation in
     # flight), so the lookups are bound once.
-    rep_of, desc_get, first_ns_get = rep.get, desc_of.get, first_ns.get
-    no_info: dict[str, Any] = {}
-    for comm_id, seq_kind, sop, seq, s_complete, has_missing, entered, missing, waiting, lagging, ahead in stuck_rows:
+    desc_get = desc_of.get
+    for (
+        comm_id,
+        seq_kind,
+        sop,
+        seq,
+        s_complete,
+        has_missing,
+        entered,
+        missing,
+        waiting,
+        lagging,
+        ahead,
+        op,
+        shape,
+        dtype,
+        entered_ns,
+    ) in stuck_rows:
         key = (comm_id, seq_kind, sop)
-        info_row = rep_of(key, no_info)
         mismatch = (mismatch_at.get((*key, seq)) or mismatch_at.get((*key, s_complete or -1))) if mismatch_at else None
         if mismatch:
             kind = "mismatch"
@@ -195,18 +199,18 @@ def _analyze(table: pa.Table | pl.DataFrame, silence_s: float) -> dict[str, Any]
         group = {
             "group_id": comm_id,
             "group_desc": desc_get(comm_id),
-            "op": info_row.get("op") or (sop or None),
+            "op": op or (sop or None),
             "seq": seq,
             "seq_kind": seq_kind,
-            "shape": info_row.get("shape"),
-            "dtype": info_row.get("dtype"),
+            "shape": shape,
+            "dtype": dtype,
             "entered_ranks": entered,
             "missing_ranks": missing,
             "kind": kind,
             "waiting_ranks": waiting,
             "lagging_ranks": lagging,
             "lowest_incomplete_seq": s_complete,
-            "first_entered_ns": first_ns_get(key),
+            "first_entered_ns": entered_ns,
         }
         if mismatch:
             group["mismatch"] = mismatch["fields"]
