@@ -345,40 +345,18 @@ def ops_at(near: pl.DataFrame) -> pl.DataFrame:
 def representatives(at: pl.DataFrame) -> pl.DataFrame:
     """Per stuck stream: the op, shape and dtype at its blocking seq (``at``: ops_at), the most common
     among the ranks there (ties, e.g. all_to_all whose split sizes differ per rank, go to the lowest
-    rank), and ``first_ns``, when the first rank entered it.
-
-    Streams whose ranks all agree (nearly all) take the common value from one vectorised pass; only
-    the others are counted per signature."""
+    rank), and ``first_ns``, when the first rank entered it."""
     keys = ["comm_id", "seq_kind", "sop"]
     signature = ["op", "shape", "dtype"]
-    schema = {"op": pl.String, "shape": pl.String, "dtype": pl.String, "first_ns": pl.Int64}
-    if at.is_empty():
-        return pl.DataFrame(schema={**dict.fromkeys(keys, pl.String), **schema})
-
-    def same(name: str) -> pl.Expr:  # one value in the group, null counting as a value
-        nulls = pl.col(name).null_count()
-        return (nulls == pl.len()) | ((nulls == 0) & (pl.col(name).min() == pl.col(name).max()))
-
-    per_stream = at.group_by(keys).agg(
-        *(pl.col(name).first() for name in signature),
-        pl.all_horizontal(*(same(name) for name in signature)).alias("_same"),
-        pl.min_horizontal("enqueue_ns", "start_ns").min().alias("first_ns"),
+    modes = (
+        at.group_by(*keys, *signature)
+        .agg(pl.len().alias("n"), pl.col("rank").min().alias("low"))
+        .sort(["n", "low"], descending=[True, False])
+        .unique(keys, keep="first", maintain_order=True)
+        .select(*keys, *signature)
     )
-    differ = per_stream.filter(~pl.col("_same")).select(keys)
-    if not differ.is_empty():
-        modes = (
-            at.join(differ, on=keys, how="semi")
-            .group_by(*keys, *signature)
-            .agg(pl.len().alias("n"), pl.col("rank").min().alias("low"))
-            .sort(["n", "low"], descending=[True, False])
-            .unique(keys, keep="first", maintain_order=True)
-            .select(*keys, *signature)
-        )
-        per_stream = per_stream.join(modes, on=keys, how="left", suffix="_mode").with_columns(
-            pl.when(pl.col("_same")).then(pl.col(name)).otherwise(pl.col(f"{name}_mode")).alias(name)
-            for name in signature
-        )
-    return per_stream.select(*keys, *signature, "first_ns").cast(schema)  # type: ignore[arg-type]
+    times = at.group_by(keys).agg(pl.min_horizontal("enqueue_ns", "start_ns").min().alias("first_ns"))
+    return modes.join(times, on=keys, how="left")
 
 
 def mismatches(near: pl.DataFrame) -> pl.DataFrame:
