@@ -76,6 +76,7 @@ def step_windows(arrays: dict[str, Any], max_events: int | None = None) -> list[
         local[events] = np.arange(events.size)
         windows.append({"events": events, "steps": (a, b)})
     ghost_all: list[np.ndarray] = []
+    fast = bool(arrays["sync"].all()) and not bool(arrays["launch"].any())
     for w, win in enumerate(windows):
         events = win["events"]
         m = events.size
@@ -101,6 +102,7 @@ def step_windows(arrays: dict[str, Any], max_events: int | None = None) -> list[
             max_chain=arrays["max_chain"],
             max_chain_all=arrays["max_chain_all"],
             ghosts=ghosts,
+            fast=fast,
         )
         ghost_all.append(ghosts)
         plan = levels(win) if m else []
@@ -113,19 +115,19 @@ def step_windows(arrays: dict[str, Any], max_events: int | None = None) -> list[
         win["step_order"] = w_order
         win["step_cuts"] = np.flatnonzero(np.r_[True, steps[w_order][1:] != steps[w_order][:-1]]) if m else w_order
     carried = np.unique(np.concatenate(ghost_all)) if ghost_all else np.zeros(0, np.int64)
-    fast = bool(arrays["sync"].all()) and not bool(arrays["launch"].any())
     for win in windows:
         win["ghost_slots"] = np.searchsorted(carried, win["ghosts"])
         here = np.flatnonzero(np.isin(carried, win["events"]))
         win["export_slots"] = here
         win["exports"] = local[carried[here]]
-        win["fast"] = fast
     arrays["carried"] = int(carried.size)
     return windows
 
 
-def levels(win: dict[str, Any]) -> list[tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]] | None:
-    """Evaluation plan of a window's dependency graph, level by level; None when it has a cycle.
+def levels(win: dict[str, Any]) -> list[tuple[Any, Any]] | None:
+    """Evaluation plan of a window's dependency graph, level by level; None when it has a cycle. Each level is
+    (general plan, None) or, when ``win["fast"]`` (no host issue times), (None, fast plan): only the one the
+    replay reads is kept.
 
     Per event: its arrival needs the completion of the previous operation on its rank (level of
     that batch + 1; an earlier window's event, a *ghost*, is done before the window starts); a group
@@ -200,9 +202,12 @@ def levels(win: dict[str, Any]) -> list[tuple[tuple[np.ndarray, ...], tuple[np.n
         ia = order_a[cut_a[lv] : cut_a[lv + 1]]
         gm = order_g[cut_g[lv] : cut_g[lv + 1]]
         bm = order_b[cut_b[lv] : cut_b[lv + 1]]
-        g_seg = np.flatnonzero(np.r_[True, group[gm][1:] != group[gm][:-1]]) if gm.size else idx[:0]
-        b_seg = np.flatnonzero(np.r_[True, own_batch[bm][1:] != own_batch[bm][:-1]]) if bm.size else idx[:0]
-        step_plan = (ia, gm, g_seg, group[gm][g_seg], bm, b_seg, own_batch[bm][b_seg])
+        if not win["fast"]:
+            # The general replay's plan (host issue times): per level, arrivals, then groups, then batches.
+            g_seg = np.flatnonzero(np.r_[True, group[gm][1:] != group[gm][:-1]]) if gm.size else idx[:0]
+            b_seg = np.flatnonzero(np.r_[True, own_batch[bm][1:] != own_batch[bm][:-1]]) if bm.size else idx[:0]
+            plan.append(((ia, gm, g_seg, group[gm][g_seg], bm, b_seg, own_batch[bm][b_seg]), None))
+            continue
         # Fast plan: a rank's first operation starts from its observed start; any other arrival
         # follows the end of the previous operation's batch (moved into its step's frame when
         # that operation belongs to an earlier step).
@@ -226,7 +231,7 @@ def levels(win: dict[str, Any]) -> list[tuple[tuple[np.ndarray, ...], tuple[np.n
             b2,
             own_batch[bm2][b2],
         )
-        plan.append((step_plan, fast))
+        plan.append((None, fast))
     return plan
 
 
