@@ -51,7 +51,7 @@ def test_every_public_dump_is_read_by_the_compiled_decoder(decoder, fr_public):
     dumps = sorted(fr_public.glob("_dump_*"))
     assert len(dumps) == 16
     for path in dumps:
-        assert fr._decode(path.read_bytes()) is not None, path.name
+        assert fr._decode(path.read_bytes(), path) is not None, path.name
 
 
 def test_the_public_dumps_give_the_same_table_from_both_readers(decoder, fr_public, monkeypatch):
@@ -76,7 +76,7 @@ def test_dumps_of_every_pickle_protocol_give_the_same_table_from_both_readers(de
         del entries[9]["state"], entries[9]["input_dtypes"]
         entries[10]["duration_ms"] = 1.25
         (tmp_path / f"_dump_{rank}").write_bytes(pickle.dumps(dump, protocol=protocol))
-    assert fr._decode((tmp_path / "_dump_0").read_bytes()) is not None
+    assert fr._decode((tmp_path / "_dump_0").read_bytes(), tmp_path / "_dump_0") is not None
     compiled, python = _both_readers(tmp_path, monkeypatch)
     _same(compiled, python)
     assert compiled.num_rows == 3 * 40 + 3
@@ -160,6 +160,15 @@ def test_one_declined_dump_sends_its_batch_to_the_python_reader_with_the_same_ta
         if rank == 1:
             dump["entries"][2]["input_sizes"] = dump["entries"][1]["input_sizes"]  # shared: declined
         (tmp_path / f"_dump_{rank}").write_bytes(pickle.dumps(dump, protocol=2))
-    assert fr._decode((tmp_path / "_dump_1").read_bytes()) is None
-    assert fr._decode((tmp_path / "_dump_0").read_bytes()) is not None
+    assert fr._decode((tmp_path / "_dump_1").read_bytes(), tmp_path / "_dump_1") is None
+    assert fr._decode((tmp_path / "_dump_0").read_bytes(), tmp_path / "_dump_0") is not None
     _same(*_both_readers(tmp_path, monkeypatch))
+
+
+def test_a_memo_index_past_the_end_of_the_pickle_is_refused_before_the_unpickler_allocates_for_it(decoder, tmp_path):
+    # 40 bytes asking the C unpickler for a memo table of 1.5 G slots (24 GB, zeroed at once).
+    body = b"\x80\x02}(X\x07\x00\x00\x00entries]r\x3b\x0c\x05\x58u."
+    path = tmp_path / "_dump_0"
+    path.write_bytes(body)
+    with pytest.raises(EvidenceError, match=r"_dump_0: not a readable Flight Recorder dump: memo index 1476725819"):
+        fr.load(path)

@@ -12,7 +12,8 @@
  * dict referred to twice; an integer field that is not an int64 or None; nesting past MAX_DEPTH;
  * a dump whose objects, as Python would make them, or whose decoding tables would pass max_bytes.
  * The caller then reads the file with the restricted Python unpickler, which gives the same table
- * or the same error as before. Nothing here calls back into Python except to build the result.
+ * or the same error as before. One exception: a memo index past the end of the data, which it
+ * returns (an int) for the caller to refuse, since the C unpickler would allocate 16 bytes per index. Nothing here calls back into Python except to build the result.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -71,6 +72,7 @@ typedef struct {
     size_t python_bytes; /* what the unpickled objects would take in Python, over-estimated */
     size_t max_bytes;
     size_t work, max_work; /* bytes of value keys made, objects converted */
+    uint64_t bad_memo;     /* a memo index past the end of the data (0: none) */
     Buf keys, scratch;
 } Ctx;
 
@@ -168,6 +170,13 @@ static size_t fence(const Ctx *c) { return c->nmarks ? c->marks[c->nmarks - 1] :
 
 static int memo_put(Ctx *c, size_t index) {
     if (c->nstack <= fence(c)) return 0;
+    /* More memo slots than the pickle has bytes, or than the memory bound allows at 16 bytes each: no
+     * pickler writes that, and the C unpickler would zero a memo table of 16 bytes per index at once,
+     * out of reach of any input-side watch. */
+    if (index > c->size || index > c->max_bytes / 16) {
+        c->bad_memo = index;
+        return 0;
+    }
     if (index > c->nnodes + 1024) return 0; /* a sparse memo: not what a pickler writes */
     size_t old = c->memocap;
     if (!grow(c, (void **)&c->memo, &c->memocap, index + 1, 4)) return 0;
@@ -592,8 +601,8 @@ static void ctx_free(Ctx *c, Table *tables) {
         free(tables[f].slots);
         free(tables[f].first);
     }
-    if (table_bytes(c) <= KEEP_BYTES) {
-        memset(&spare, 0, sizeof spare);
+    if (table_bytes(c) <= KEEP_BYTES && !spare.nodes && !spare.refs && !spare.stack && !spare.marks && !spare.memo &&
+        !spare.keys.p && !spare.scratch.p) {
         spare.nodes = c->nodes, spare.nodecap = c->nodecap;
         spare.refs = c->refs, spare.refcap = c->refcap;
         spare.stack = c->stack, spare.stackcap = c->stackcap;
@@ -713,6 +722,7 @@ out:
     PyBuffer_Release(&buf);
     if (!result) {
         PyErr_Clear();
+        if (c.bad_memo) return PyLong_FromUnsignedLongLong(c.bad_memo);
         Py_RETURN_NONE;
     }
     return result;

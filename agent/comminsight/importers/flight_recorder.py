@@ -365,7 +365,7 @@ _INT_FIELDS = (
 _CODED_FIELDS = ("process_group", "profiling_name", "is_p2p", "state", "input_sizes", "input_dtypes")
 
 
-def _decode(data: bytes) -> tuple[dict, _Decoded] | None:
+def _decode(data: bytes, path: Path) -> tuple[dict, _Decoded] | None:
     """(the dump without its entries, its entries as columns) from the compiled decoder; None for the
     Python reader to read (no decoder, not a pickle, outside the decoder's subset, a check failed)."""
     if _frdecode is None or data[:1] != b"\x80":
@@ -373,6 +373,10 @@ def _decode(data: bytes) -> tuple[dict, _Decoded] | None:
     out = _frdecode.decode(data, MAX_UNPICKLED_BYTES)
     if out is None:
         return None
+    if isinstance(out, int):  # the C unpickler would zero 16 bytes per index at once: refused here
+        raise EvidenceError(
+            f"{path}: not a readable Flight Recorder dump: memo index {out} in a pickle of {len(data)} bytes"
+        )
     top, n, ints, valid, codes, distinct = out
     if n > MAX_ENTRIES or n > max(len(data), 1) // MIN_ENTRY_BYTES:
         return None  # the Python reader refuses it, naming the problem
@@ -947,7 +951,7 @@ def _load_files(files: list[Path]) -> pa.Table:
     start = _resident_bytes()
     for file in files:
         data = _file_bytes(file)
-        decoded = _decode(data)
+        decoded = _decode(data, file)
         if decoded is not None:
             dump, columns = decoded
         else:
