@@ -6,7 +6,8 @@ of a node's recording). Each partitioned analysis says which partitions it needs
 
 - **hang** — whole ranks: consecutive ranks of the store listing, up to ``ANALYSIS_PARTITION_ROWS``
   rows (Parquet footers) each; a map task keeps the tail of every communicator
-  (``comminsight.analysis.partitioned.hang_tail``). Its rows are finished by the record decoder
+  (``comminsight.analysis.partitioned.hang_tail``), and the reduce folds the tails one at a time
+  (``hang_merge``: two passes, memory no longer following the job's size). Its rows are finished by the record decoder
   (``comminsight.formats.operations.finish``) with the communicator members of the whole store,
   found once when the run is planned, so P2P peers on ranks of other partitions map as they do in
   ``load_operations``.
