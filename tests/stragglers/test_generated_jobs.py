@@ -291,3 +291,39 @@ def test_kineto_traces_without_a_straggler_name_no_one(tmp_path: Path) -> None:
     write_kineto(tmp_path / "traces", ranks=8, steps=8, seed=4)
     report = analyse_stragglers(load(tmp_path / "traces"))
     assert report.culprits == []
+
+
+TWO_STAGES = {"8 GPUs TP2xPP2xDP2": SMALL, "128 GPUs DP32xPP2xCP2": CP_128}
+
+
+@pytest.mark.parametrize("keep_coordinates", [True, False], ids=["coordinates", "no-coordinates"])
+@pytest.mark.parametrize("stage", [0, 1])
+@pytest.mark.parametrize("name", list(TWO_STAGES))
+def test_a_slow_stage_is_named_with_its_cost_from_communication_rows_alone(
+    name: str, stage: int, keep_coordinates: bool, tmp_path: Path
+) -> None:
+    # Without compute rows the compute is the gaps between communication, and the two stages run
+    # different programs (1F1B: the k-th gap is a forward on one stage, a backward on the other).
+    layout = TWO_STAGES[name]
+    fault = Fault("compute", {"pp": stage}, factor=1.4, phase="backward")
+    job = generate(layout, steps=5, faults=(fault,), seed=1)
+    clean = generate(layout, steps=5, seed=1)  # same noise draws, no fault
+    comm = job.communication_only()
+    if not keep_coordinates:
+        comm = comm.drop("cp_rank", "dp_rank", "stage", "tp_rank")
+    comm.write_parquet(tmp_path / "comm.parquet")
+    report = analyse_stragglers(pl.from_arrow(load(tmp_path / "comm.parquet")))
+    assert [g["group"] for g in report.culprit_groups] == [f"pp={stage}"]
+    assert sorted(report.culprits) == job.truth["culprits"]
+    cost = job.truth["observed_step_s"] / clean.truth["observed_step_s"]
+    assert abs(report.slowdown["without_culprits_ratio"] / cost - 1.0) <= TOLERANCE
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_noisy_two_stage_job_without_straggler_names_nobody_from_communication_rows_alone(
+    seed: int, tmp_path: Path
+) -> None:
+    job = generate(CP_128, steps=5, noise=0.05, seed=seed)
+    job.communication_only().write_parquet(tmp_path / "comm.parquet")
+    report = analyse_stragglers(pl.from_arrow(load(tmp_path / "comm.parquet")))
+    assert report.culprits == []

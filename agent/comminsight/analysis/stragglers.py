@@ -20,14 +20,18 @@
    its own state from step to step) is replayed, level by level, for many scenarios at once. A
    step's time runs from the previous step's last end to its own. The ideal
    job has every operation and gap at its mean over ranks and steps (``slowdown.ratio`` =
-   observed / ideal); the healthy job has each at most its lower quartile. Attribution replays
+   observed / ideal); the healthy job has each at most its lower quartile. Without compute rows
+   in a pipeline, a compute gap is compared within its stage's program and the stages by their
+   compute per step (``_stage_gap_reference``). Attribution replays
    the healthy job with one subset's observed durations restored (a rank, a DP/PP/TP group, a
    communicator, an operation kind): ``slowdown_ratio`` >= 1 by construction.
 5. **Culprits** are chosen greedily by removal (the subset whose slowness costs most, then again
    with it removed, so a rank that only waited saves nothing), named only when the saving stands
-   out from what the others of its kind save, holds in most steps, and its own operations were
-   slower than their peers' by more than the job's pooled noise; the smallest subset that explains
-   the saving is named (one late rank, not its TP group; a DP group, not one of its ranks).
+   out from what the others of its kind save, clears that bar in most steps, and its own
+   operations were slower than their peers' by more than the job's pooled noise; the smallest
+   subset that explains the saving within noise is named (one late rank, not its TP group; a DP
+   group, not one of its ranks; a slow link's communicator, not one end of it). Later rounds
+   count only the ranks not yet named (theirs carry the culprit's effects).
    Without timings the report says the evidence is insufficient instead of guessing.
 """
 
@@ -364,14 +368,23 @@ def _quantile(key: np.ndarray, values: np.ndarray, q: float) -> np.ndarray:
     return out[key]
 
 
-def _ideal_inputs(arrays: dict[str, np.ndarray]) -> None:
-    """Per event: healthy (at most the lower quartile) and mean gap and work; excess over the median."""
+def _ideal_inputs(arrays: dict[str, np.ndarray], stage: np.ndarray | None = None) -> None:
+    """Per event: healthy (at most the lower quartile) and mean gap and work; excess over the median.
+
+    ``stage`` (per event, the rank's pipeline stage, or None) matters when the gaps are the compute
+    (no compute rows): see _stage_gap_reference.
+    """
     gap, work = arrays["gap"], arrays["work"]
-    q_gap = _lower_quartile(arrays["gap_key"], gap)
+    gap_ref = _stage_gap_reference(arrays, stage)
+    if gap_ref is None:
+        q_gap = _lower_quartile(arrays["gap_key"], gap)
+        med_gap = _quantile(arrays["gap_key"], gap, 0.5)
+        mean_gap = _mean(arrays["gap_key"], gap)
+    else:
+        q_gap, med_gap, mean_gap = gap_ref
     q_work = _lower_quartile(arrays["work_key"], work)
     arrays["ideal_gap"] = np.where(np.isnan(q_gap), gap, np.minimum(gap, q_gap))
     arrays["ideal_work"] = np.where(np.isnan(q_work), work, np.minimum(work, q_work))
-    med_gap = _quantile(arrays["gap_key"], gap, 0.5)
     med_work = _quantile(arrays["work_key"], work, 0.5)
     arrays["excess_gap"] = np.nan_to_num(gap - med_gap)
     arrays["excess_work"] = np.nan_to_num(work - med_work)
@@ -383,15 +396,89 @@ def _ideal_inputs(arrays: dict[str, np.ndarray]) -> None:
     np.add.at(per, (rank_index, arrays["step_index"]), arrays["excess_work"] + arrays["excess_gap"])
     arrays["rank_excess"] = per
     arrays["rank_ids"] = rank_ids
+    if gap_ref is not None and stage is not None:
+        # Each rank's stage, for comparing a rank with the others of its stage (_rank_excess).
+        rank_stage = np.full(rank_ids.size, -1, dtype=np.int64)
+        rank_stage[rank_index] = stage
+        arrays["rank_stage"] = rank_stage
     # The what-if study's ideal: every operation at its mean over ranks and steps.
-    for name, key, values in (("gap", "gap_key", gap), ("work", "work_key", work)):
-        mean = _mean(arrays[key], values)
+    for name, mean, values in (("gap", mean_gap, gap), ("work", _mean(arrays["work_key"], work), work)):
         arrays[f"mean_{name}"] = np.where(np.isnan(mean), values, mean)
     # The replay's float32 inputs, relative to each step's begin (see _run). A rank's first
     # operation starts where it was observed to start, in every scenario.
     for name in ("work", "ideal_work", "gap", "ideal_gap"):
         arrays[f"{name}32"] = arrays[name].astype(np.float32)
     arrays["start_offset32"] = arrays["start_offset"].astype(np.float32)
+
+
+def _stage_gap_reference(
+    arrays: dict[str, np.ndarray], stage: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Per event: lower quartile, median and mean a compute gap is compared with, in a pipeline.
+
+    Without compute rows the gaps between communication are the compute, and the stages of a
+    pipeline run different programs: the k-th gap between two tensor-parallel all-reduces is a
+    forward on one stage and a backward on the next (1F1B), so comparing the same place across
+    stages compares different work. Each gap is therefore compared with the same place of the
+    same stage's program (its DP/TP/CP peers, every step), and the stages with each other by the
+    only measure they share: their compute per step (the sum of the typical gaps of the stage's
+    program). A stage whose typical compute per step is longer than the job's reference has its
+    gaps scaled down to it: the lower quartile over ranks of the stages' compute for the healthy
+    job, the median for the excess, the mean for the what-if study's ideal. None when there is
+    nothing to separate (compute rows, no pipeline, one stage).
+    """
+    if stage is None or not bool(arrays["gaps_are_compute"]):
+        return None
+    valid = stage >= 0
+    if np.unique(stage[valid]).size < 2:
+        return None
+    gap = arrays["gap"]
+    key = pl.DataFrame({"s": stage, "k": arrays["gap_key"]}).select(
+        pl.struct("s", "k").rank("dense").cast(pl.Int64) - 1
+    )
+    key = key.to_series().to_numpy()
+    q, med, mean = _lower_quartile(key, gap), _quantile(key, gap, 0.5), _mean(key, gap)
+    # Per (rank, step): the typical compute of the program it ran (operations posted together
+    # share one gap: counted once); per stage, its median.
+    head = np.zeros(gap.size, dtype=bool)
+    head[np.unique(arrays["batch"], return_index=True)[1]] = True
+    rs = pl.DataFrame(
+        {
+            "rank": arrays["rank"],
+            "step": arrays["step"],
+            "stage": stage,
+            "typical": np.where(head, np.nan_to_num(med), 0.0),
+        }
+    ).filter(pl.col("stage") >= 0)
+    per_rank_step = rs.group_by("rank", "step").agg(pl.col("stage").first(), pl.col("typical").sum())
+    per_stage = per_rank_step.group_by("stage").agg(pl.col("typical").median())
+    stages = per_stage.get_column("stage").to_numpy()
+    totals = per_stage.get_column("typical").to_numpy()
+    if totals.size == 0 or totals.min() <= 0:
+        return None
+    # Over ranks: each stage counts as many times as it has ranks.
+    by_rank = (
+        per_rank_step.group_by("rank")
+        .agg(pl.col("stage").first())
+        .join(per_stage, on="stage")
+        .get_column("typical")
+        .to_numpy()
+    )
+    lookup = np.full(int(stages.max()) + 1, np.nan)
+    lookup[stages] = totals
+    own = np.where(valid, lookup[np.maximum(stage, 0)], np.nan)
+
+    def scaled(values: np.ndarray, reference: float, clip: bool) -> np.ndarray:
+        factor = reference / own
+        if clip:
+            factor = np.minimum(factor, 1.0)
+        return np.where(valid, values * factor, values)
+
+    return (
+        scaled(q, float(np.quantile(by_rank, 0.25)), True),
+        scaled(med, float(np.median(by_rank)), False),
+        scaled(mean, float(by_rank.mean()), False),
+    )
 
 
 @dataclass(frozen=True)
@@ -450,13 +537,25 @@ def _rank_excess(
         outside = ~np.isin(arrays["rank_ids"], list(ranks))
     if outside.sum() < 1 or not ranks:
         return extra, 0.0
-    typical = np.median(per[outside], axis=0)
-    resid = per[outside] - typical[None, :]
+    # In a pipeline without compute rows, a member is compared with the ranks outside the set that
+    # run its stage's program when there are two or more (a victim of a slow stage-1 TP link in
+    # stage 0 against stage 0's other replicas), else with every rank outside the set (a whole
+    # stage against the other stages, made comparable by _stage_gap_reference).
+    stage = arrays.get("rank_stage")
+    member = np.isin(arrays["rank_ids"], list(ranks))
+    refs: list[tuple[int, np.ndarray]] = []
+    for s in np.unique(stage[member]) if stage is not None else []:
+        same = outside & (stage == s)
+        refs.append((int((member & (stage == s)).sum()), same if same.sum() >= 2 else outside))
+    if not refs:
+        refs = [(len(ranks), outside)]
+    typical = sum(k_s * np.median(per[ref], axis=0) for k_s, ref in refs)
+    resid = np.concatenate([per[ref] - np.median(per[ref], axis=0)[None, :] for _, ref in refs])
     spread = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
     # The set's own jitter plus that of the reference (a median of m ranks varies about 1.57 / m
     # times one rank's variance), times the set's size.
-    k, m = len(ranks), int(outside.sum())
-    return extra - k * typical, spread * np.sqrt(k + 1.57 * k * k / m)
+    k, m = len(ranks), min(int(ref.sum()) for _, ref in refs)
+    return extra - typical, spread * np.sqrt(k + 1.57 * k * k / m)
 
 
 def _significant(extra: np.ndarray, pooled_sd: float = 0.0) -> bool:
@@ -624,7 +723,14 @@ def analyse_stragglers(
             if len(members) > 1:
                 cands[f"comm={comm}"] = _Candidate(members, m, nothing)
     if subsets:
-        _ideal_inputs(arrays)
+        stage = None
+        if rank_coord is not None and "pp_rank" in rank_coord.columns:
+            # Per event, its rank's pipeline stage (-1 for a rank without one).
+            ranks_with, stage_of = (rank_coord.get_column(c).to_numpy().astype(np.int64) for c in ("rank", "pp_rank"))
+            lookup = np.full(max(int(arrays["rank"].max()), int(ranks_with.max())) + 1, -1, dtype=np.int64)
+            lookup[ranks_with] = stage_of
+            stage = lookup[arrays["rank"]]
+        _ideal_inputs(arrays, stage)
         # Communicators are culprit candidates only when their transfers were slower than jitter.
         for name in [n for n in cands if n.startswith("comm=")]:
             if not _significant(_excess(arrays, cands[name].work, nothing)):
@@ -700,13 +806,21 @@ def analyse_stragglers(
     first_bar: dict[str, float] = {}
     first_rate = 0.0
     for _ in range(max_culprit_groups if subsets else 0):
-        open_names = [n for n in names if (cands[n].work & ~chosen.work).any() or (cands[n].gap & ~chosen.gap).any()]
+        # What of a candidate is still open: a set of ranks counts only its ranks not yet named (a
+        # named culprit's ranks carry its effects in their other operations: the members of a slow
+        # TP link wait in their gaps), a communicator only its transfers outside the culprits.
+        chosen_events = np.isin(arrays["rank"], list(chosen.ranks))
+        part: dict[str, _Scenario] = {}
+        for n in names:
+            c = cands[n]
+            outside = ~chosen.work if n.startswith("comm=") else ~chosen_events
+            part[n] = _Scenario(c.work & outside, c.gap & (~chosen.gap if n.startswith("comm=") else outside))
+        open_names = [n for n in names if part[n].work.any() or part[n].gap.any()]
         if not open_names:
             break
-        chosen_events = np.isin(arrays["rank"], list(chosen.ranks))
         shared = [n for n in observed_cost if (cands[n].work & chosen.work).any() or (cands[n].gap & chosen.gap).any()]
         if shared:
-            rest = [_Scenario(~(cands[n].work & ~chosen.work), ~(cands[n].gap & ~chosen.gap)) for n in shared]
+            rest = [_Scenario(~part[n].work, ~part[n].gap) for n in shared]
             for n, t in zip(shared, _run(arrays, rest), strict=True):
                 if float((actual - t).mean()) <= first_bar[n]:
                     observed_cost.discard(n)
@@ -732,7 +846,7 @@ def analyse_stragglers(
                 for n in open_names
                 if not n.startswith("rank=") or n in sample or n in observed_cost or rate[n] >= 0.5 * first_rate
             ]
-            scen = [_Scenario(~(cands[n].work | chosen.work), ~(cands[n].gap | chosen.gap)) for n in open_names]
+            scen = [_Scenario(~(part[n].work | chosen.work), ~(part[n].gap | chosen.gap)) for n in open_names]
             totals = dict(zip(open_names, _run(arrays, scen), strict=True))
         else:
             totals = {n: t_remove[n] for n in open_names}
@@ -751,36 +865,39 @@ def analyse_stragglers(
             bar = _noise_threshold(siblings, float(current.mean()), min_gain)
             if kind != "rank":
                 bar = max(threshold, bar)
-            consistency = float((current - totals[n] > 0.5 * bar).mean())
-            evident = v > bar and consistency >= 0.5 and _significant(extra, pooled)
+            # Consistent: the saving clears the bar in most steps, not on average only (one
+            # step's hiccup of a healthy rank can carry a mean over six steps).
+            consistency = float((current - totals[n] > bar).mean())
+            evident = v > bar and consistency > 0.5 and _significant(extra, pooled)
             if not groups and evident:
                 observed_cost.add(n)
                 first_bar[n] = bar
             if groups and n not in observed_cost and rate[n] < 0.5 * first_rate:
                 continue
             if evident:
-                passing[n] = (float(extra.mean()), consistency)
+                passing[n] = (float(extra.mean()), consistency, bar)
         if not passing:
             break
         # The biggest saving, then the smallest subset inside it whose own excess explains it
         # (one late rank, not its tensor-parallel group).
-        top = cands[max(passing, key=lambda n: savings[n])]
-        # Inside it, a subset explains it when it saves most of what it saves (the excess of a
-        # large group sums the jitter of many healthy ranks: a late rank's TP coordinate group
-        # across a 128-GPU job holds 63 healthy ranks beside it), or when its own excess is most
-        # of the group's and it saves at least half.
-        best_saving = max(savings[m] for m in passing)
-        top_extra = max(passing[n][0] for n in passing if savings[n] == best_saving)
-        inside = [
-            n
-            for n in passing
-            if not (cands[n].work & ~top.work).any()
-            and not (cands[n].gap & ~top.gap).any()
-            and (
-                savings[n] >= 0.6 * best_saving
-                or (passing[n][0] >= 0.8 * top_extra and savings[n] >= 0.5 * best_saving)
-            )
-        ]
+        top_name = max(passing, key=lambda n: savings[n])
+        top, best_saving = cands[top_name], savings[top_name]
+        # Inside it, a subset explains it when what it saves falls short of the top's saving by no
+        # more than noise can account for in the rest of the top: the single-rank bar times the
+        # square root of the rest's ranks (their jitter trimmed; independent jitter adds up as a
+        # square root), or what a healthy subset of the top's kind saves (the top's own bar). A
+        # late rank's TP coordinate group across a 128-GPU job holds 63 healthy ranks beside it; a
+        # slow TP link's stage, two healthy ranks and the link's ranks' compute. One end of a slow
+        # link alone falls short by far more: it leaves the other end's transfers slow.
+        inside = []
+        for n in passing:
+            c = cands[n]
+            if (c.work & ~top.work).any() or (c.gap & ~top.gap).any():
+                continue
+            rest = ((top.work & ~c.work) | (top.gap & ~c.gap)) & ~chosen_events
+            allowance = max(np.sqrt(np.unique(arrays["rank"][rest]).size) * threshold, passing[top_name][2])
+            if savings[n] >= best_saving - allowance:
+                inside.append(n)
         name = min(inside, key=lambda n: (len(cands[n].ranks), int(cands[n].work.sum()), -savings[n]))
         consistency = passing[name][1]
         c = cands[name]
