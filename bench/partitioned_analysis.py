@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import resource
 import sys
 import tempfile
@@ -135,7 +136,8 @@ def _settle(seconds: float) -> int:
 
 
 def warm_pool(workers: int) -> ProcessPoolExecutor:
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_warm)
+    # Spawned, not forked: the planner uses polars here, and a fork of a process with polars' threads can hang.
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_warm, mp_context=multiprocessing.get_context("spawn"))
     list(pool.map(_settle, [0.5] * workers))
     return pool
 
@@ -175,10 +177,10 @@ def step_doc(report: Any, totals: Any = None) -> dict[str, Any]:
 
 
 def map_task(
-    kind: str, files: list[str], comm_ids: list[str] | None, out: str, stage: int = 1
+    kind: str, files: list[str], comm_ids: list[str] | None, seq_range: Any, out: str, stage: int = 1
 ) -> tuple[None, float, float]:
     def work() -> None:
-        from comminsight.analysis.partitioned import hang_tail, perf_map, steps_evidence, steps_map
+        from comminsight.analysis.partitioned import hang_tail, perf_map, perf_slice_map, steps_evidence, steps_map
 
         dataset = ds.dataset(files, format="parquet", schema=SCHEMA)
         if kind == "steps" and stage == 1:
@@ -204,10 +206,18 @@ def map_task(
             hang_tail(dataset.to_table()).write_parquet(f"{out}-tail.parquet")
             return
         where = pc.field("comm_id").isin(comm_ids)
-        summary = perf_map(dataset.to_table(columns=PERF_COLUMNS, filter=where))
+        if seq_range is None:
+            summary = perf_map(dataset.to_table(columns=PERF_COLUMNS, filter=where))
+            names = ("groups", "samples")
+        else:  # a slice of one communicator (the site's filter, on a polars frame of its rows)
+            from comminsight.analysis.partitioned import slice_rows
+
+            rows = pl.from_arrow(dataset.to_table(columns=PERF_COLUMNS, filter=where))
+            summary = perf_slice_map(rows.filter(slice_rows(*seq_range)))  # type: ignore[union-attr]
+            names = ("values", "samples")
         if summary is not None:
-            summary[0].write_parquet(f"{out}-groups.parquet")
-            summary[1].write_parquet(f"{out}-samples.parquet")
+            summary[0].write_parquet(f"{out}-{names[0]}.parquet")
+            summary[1].write_parquet(f"{out}-{names[1]}.parquet")
 
     return _timed(work)
 
@@ -219,6 +229,7 @@ def reduce_task(kind: str, outs: list[str], stage: int = 1) -> tuple[str, float,
             StepsPart,
             hang_reduce,
             perf_reduce_by_rank,
+            slice_groups,
             steps_links,
             steps_merge,
         )
@@ -254,13 +265,16 @@ def reduce_task(kind: str, outs: list[str], stage: int = 1) -> tuple[str, float,
             report = analyze_hang(pl.concat([pl.read_parquet(f"{o}-tail.parquet") for o in outs]))
         else:  # as the site merges: the samples a range of ranks at a time (64 ranks here)
             done = [o for o in outs if Path(f"{o}-groups.parquet").exists()]
-            samples = pl.scan_parquet([f"{o}-samples.parquet" for o in done])
+            sliced = [o for o in outs if Path(f"{o}-values.parquet").exists()]
+            merged = slice_groups(len(sliced), lambda i: pl.read_parquet(f"{sliced[i]}-values.parquet"))
+            samples = pl.scan_parquet([f"{o}-samples.parquet" for o in done + sliced])
             high = samples.select(pl.col("rank").max()).collect().item()
             chunks = (
                 samples.filter((pl.col("rank") >= lo) & (pl.col("rank") < lo + 64)).collect()
                 for lo in range(0, high + 1, 64)
             )
-            report = perf_reduce_by_rank([pl.read_parquet(f"{o}-groups.parquet") for o in done], chunks)
+            groups = [pl.read_parquet(f"{o}-groups.parquet") for o in done] + ([merged] if merged is not None else [])
+            report = perf_reduce_by_rank(groups, chunks)
         return json.dumps(report, default=str)
 
     return _timed(work)
@@ -269,37 +283,61 @@ def reduce_task(kind: str, outs: list[str], stage: int = 1) -> tuple[str, float,
 # --- planning (as apps.analysis.partitions does it) ------------------------------------------------------------
 
 
-def plan(kind: str, files: list[str], max_rows: int) -> list[tuple[list[str], list[str] | None]]:
+def plan(kind: str, files: list[str], max_rows: int) -> list[tuple[list[str], list[str] | None, Any]]:
+    """(files, communicators or None, slice of sequence numbers or None) per partition."""
+    from comminsight.analysis.partitioned import seq_bucket, seq_bucket_width, seq_slices
+
     if kind in ("hang", "steps"):
-        parts: list[tuple[list[str], list[str] | None]] = []
+        parts: list[tuple[list[str], list[str] | None, Any]] = []
         current: list[str] = []
         rows = 0
         for location in files:  # one file per rank here
             n = pq.ParquetFile(location).metadata.num_rows
             if current and rows + n > max_rows:
-                parts.append((current, None))
+                parts.append((current, None, None))
                 current, rows = [], 0
             current.append(location)
             rows += n
-        return [*parts, (current, None)] if current else parts
+        return [*parts, (current, None, None)] if current else parts
     counts: dict[str, int] = {}
+    spans: dict[str, tuple[int, int]] = {}
     holders: dict[str, set[int]] = {}
-    for index, location in enumerate(files):  # which files hold each communicator's rows
-        values = pc.value_counts(pq.read_table(location, columns=["comm_id"]).column(0))
-        for value, count in zip(values.field(0).to_pylist(), values.field(1).to_pylist(), strict=True):
-            counts[value] = counts.get(value, 0) + count
-            holders.setdefault(value, set()).add(index)
+    for index, location in enumerate(files):  # which files hold each communicator's rows, and its sequence span
+        found = pl.read_parquet(location, columns=["comm_id", "seq"])
+        per_comm = found.group_by("comm_id").agg(pl.len(), low=pl.col("seq").min(), high=pl.col("seq").max())
+        for comm, count, low, high in per_comm.iter_rows():
+            counts[comm] = counts.get(comm, 0) + count
+            holders.setdefault(comm, set()).add(index)
+            if low is not None:
+                known = spans.get(comm, (low, high))
+                spans[comm] = (min(known[0], low), max(known[1], high))
+    large = {c for c, n in counts.items() if n > max_rows}
+    widths = {c: seq_bucket_width(*spans.get(c, (0, 0))) for c in large}
+    buckets: dict[str, dict[int, int]] = {c: {} for c in large}
+    for location in sorted({files[i] for c in large for i in holders[c]}):  # rows per range of sequence numbers
+        found = pl.read_parquet(location, columns=["comm_id", "seq", "is_p2p"]).filter(pl.col("comm_id").is_in(large))
+        for (comm,), part in found.partition_by("comm_id", as_dict=True).items():
+            ranges = part.select(b=seq_bucket(spans.get(comm, (0, 0))[0], widths[comm])).get_column("b")
+            for bucket, count in ranges.value_counts().iter_rows():
+                buckets[comm][bucket] = buckets[comm].get(bucket, 0) + count
+    out: list[tuple[list[str], list[str] | None, Any]] = []
     groups: list[list[str]] = []
     current_comms: list[str] = []
     rows = 0
     for comm in sorted(counts):
+        if comm in large:  # slices, each a partition of its own
+            members = [files[i] for i in sorted(holders[comm])]
+            low = spans.get(comm, (0, 0))[0]
+            out += [(members, [comm], piece) for piece in seq_slices(buckets[comm], low, widths[comm], max_rows)]
+            continue
         if current_comms and rows + counts[comm] > max_rows:
             groups.append(current_comms)
             current_comms, rows = [], 0
         current_comms.append(comm)
         rows += counts[comm]
     groups += [current_comms] if current_comms else []
-    return [([files[i] for i in sorted(set().union(*(holders[c] for c in g)))], g) for g in groups]
+    whole = [([files[i] for i in sorted(set().union(*(holders[c] for c in g)))], g, None) for g in groups]
+    return whole + out
 
 
 def run_partitioned(kind: str, files: list[str], max_rows: int, workers: int, scratch: Path) -> dict[str, Any]:
@@ -314,7 +352,8 @@ def run_partitioned(kind: str, files: list[str], max_rows: int, workers: int, sc
         t_reduce = 0.0
         for stage in range(1, stages + 1):
             n = len(parts)
-            maps += pool.map(map_task, [kind] * n, [p[0] for p in parts], [p[1] for p in parts], outs, [stage] * n)
+            columns = [[p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts]]
+            maps += pool.map(map_task, [kind] * n, *columns, outs, [stage] * n)
             # the reduce in a worker of its own, so its peak is not the maps'
             with warm_pool(1) as reducer:
                 t1 = time.perf_counter()
