@@ -135,10 +135,14 @@ def _settle(seconds: float) -> int:
     return 0
 
 
-def warm_pool(workers: int) -> ProcessPoolExecutor:
+def warm_pool(workers: int, fresh: bool = False) -> ProcessPoolExecutor:
+    """Workers with the libraries imported; ``fresh``: a new process per task (each task's own peak, not the
+    largest of the tasks its worker ran; its start-up is outside the task's time)."""
     # Spawned, not forked: the planner uses polars here, and a fork of a process with polars' threads can hang.
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_warm, mp_context=multiprocessing.get_context("spawn"))
-    list(pool.map(_settle, [0.5] * workers))
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(workers, context, _warm, max_tasks_per_child=1 if fresh else None)
+    if not fresh:
+        list(pool.map(_settle, [0.5] * workers))
     return pool
 
 
@@ -340,11 +344,23 @@ def plan(kind: str, files: list[str], max_rows: int) -> list[tuple[list[str], li
     return whole + out
 
 
-def run_partitioned(kind: str, files: list[str], max_rows: int, workers: int, scratch: Path) -> dict[str, Any]:
+def _label(part: tuple[list[str], list[str] | None, Any]) -> str:
+    files, comm_ids, seq_range = part
+    if comm_ids is None:
+        return f"{len(files)} ranks"
+    if seq_range is not None:
+        return f"{comm_ids[0]} seq [{seq_range[0]}, {seq_range[1]}) ({len(files)} files)"
+    return f"{len(comm_ids)} communicators ({len(files)} files)"
+
+
+def run_partitioned(
+    kind: str, files: list[str], max_rows: int, workers: int, scratch: Path, fresh: bool = False
+) -> dict[str, Any]:
     stages = 2 if kind == "steps" else 1
     maps: list[tuple[None, float, float]] = []
     reduces: list[tuple[str, float, float]] = []
-    with warm_pool(workers) as pool:
+    labels: list[str] = []
+    with warm_pool(workers, fresh) as pool:
         t0 = time.perf_counter()
         parts = plan(kind, files, max_rows)
         t_plan = time.perf_counter() - t0
@@ -354,6 +370,7 @@ def run_partitioned(kind: str, files: list[str], max_rows: int, workers: int, sc
             n = len(parts)
             columns = [[p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts]]
             maps += pool.map(map_task, [kind] * n, *columns, outs, [stage] * n)
+            labels += [f"stage {stage}: {_label(p)}" if stages > 1 else _label(p) for p in parts]
             # the reduce in a worker of its own, so its peak is not the maps'
             with warm_pool(1) as reducer:
                 t1 = time.perf_counter()
@@ -382,6 +399,8 @@ def run_partitioned(kind: str, files: list[str], max_rows: int, workers: int, sc
         "baseline_reduce_s": baseline[1] if baseline else None,
         "baseline_reduce_peak_mib": baseline[2] if baseline else None,
         "tail_rows": tail_rows,
+        "reduces": [(r[1], r[2]) for r in reduces],
+        "largest_maps": sorted(((m[2], m[1], label) for m, label in zip(maps, labels, strict=True)), reverse=True)[:3],
     }
 
 
@@ -396,6 +415,9 @@ def main() -> None:
     parser.add_argument("--kinds", default="hang,steps,perf")
     parser.add_argument("--no-whole", action="store_true", help="leave out the whole-table run (too large)")
     parser.add_argument("--workers", default="1,2")
+    parser.add_argument(
+        "--fresh-maps", default="", help="kinds whose map tasks each run in a new process (per-task peaks)"
+    )
     args = parser.parse_args()
     from tests.analysis_partitioned.compare import canonical, settled
 
@@ -417,7 +439,8 @@ def main() -> None:
             same = settled if kind == "hang" else canonical
             runs = {}
             for w in (int(x) for x in args.workers.split(",")):
-                runs[w] = run_partitioned(kind, files, args.partition_rows, w, root)
+                fresh = kind in args.fresh_maps.split(",")
+                runs[w] = run_partitioned(kind, files, args.partition_rows, w, root, fresh)
                 if whole_report is not None:
                     assert same(json.loads(runs[w]["report"])) == same(json.loads(whole_report)), f"{kind}: differ"
             first = runs[min(runs)]
@@ -443,6 +466,12 @@ def main() -> None:
                     f" (ratio of peaks {first['baseline_reduce_peak_mib'] / first['reduce_peak_mib']:.2f},"
                     f" same report; {first['tail_rows']:,} tail rows, {first['tail_rows'] / args.ranks:.0f} a rank)"
                 )
+            else:
+                merges = "; ".join(f"{t:.1f} s / {m:.0f} MiB" for t, m in first["reduces"])
+                print(f"  merge{'s by stage' if len(first['reduces']) > 1 else ''}: {merges}")
+            peaks = "; ".join(f"{label}: {t:.1f} s, {m:.0f} MiB" for m, t, label in first["largest_maps"])
+            each = "per task" if kind in args.fresh_maps.split(",") else "worker peak after the task"
+            print(f"  largest map tasks ({each}): {peaks}")
             if kind == "steps":
                 found = json.loads(first["report"])
                 print(f"  steps found: {len(found['steps'])} (method {found['method']})")

@@ -15,13 +15,16 @@ of a node's recording). Each partitioned analysis says which partitions it needs
   packed up to ``ANALYSIS_PARTITION_ROWS`` rows, counted by one streamed pass over the store's
   ``comm_id`` column, file by file; a map task reads its communicators' rows from the files that
   hold any (its members' ranks; a filtered scan of those) and returns
-  per-communicator medians and per-transfer samples.
+  per-communicator medians and per-transfer samples. A communicator of more rows is cut into slices of its
+  sequence numbers (``Partition.seq_range``), planned from a second pass counting its rows per range of
+  sequence numbers; the merge takes a sliced communicator's medians over its slices exactly.
 
 - **steps** — whole ranks, as hang, in two stages (``comminsight.analysis.partitioned``): stage 1's map
   tasks return what their ranks tell the others (communicator roles, the collective instances they
   saw, their point-to-point rows) and its reduce merges that into the job's roles and every event's
   waiting (``links``); stage 2's map tasks run the step engine over their ranks with those, and the
-  last reduce concatenates the per-(rank, step) summaries into the report of the whole table.
+  last reduce merges their per-step totals, one partition at a time, into the report of the whole table
+  (with the per-(rank, step) rows only when it keeps per-rank details: up to ``MAX_STEP_RANK_DETAILS``).
 
 ``partitioned_start`` (called by the job's task once it holds a concurrency slot) writes the plan to
 the object store and queues the chord: one ``map_partition`` task per partition, on any worker, then

@@ -24,6 +24,10 @@ the reduce holds summaries, not the job's rows.
   ``perf_reduce`` takes the reference bandwidths from the groups and the medians from those
   samples; ``perf_reduce_by_rank`` does the same holding one range of ranks' samples at a time
   (every sample of a rank is needed for its median), so the merge's memory is the groups plus one range.
+  A communicator of more rows than a partition is cut into *slices* of its sequence numbers (``seq_slices``,
+  ``slice_rows``: an instance of a collective is never cut, so each transfer is measured as on the whole
+  table); ``perf_slice_map`` returns a slice's per-transfer values instead of medians, and ``slice_groups``
+  takes the medians over every slice exactly, one slice at a time (a counting selection).
 - **steps** — partitions of whole ranks, two stages. The step engine runs per rank; what it needs from
   other ranks is the communicators' roles and each event's exposed waiting (how long it waited for the
   last member of its operation). Stage 1, ``steps_evidence``: per partition, the role rows, the
@@ -32,7 +36,9 @@ the reduce holds summaries, not the job's rows.
   arrival) of the communicators that span partitions (a partition finds its own communicators'
   alone), and every point-to-point event's waiting (pairing sends and receives needs them all).
   Stage 2, ``steps_map``: the engine over one partition's ranks with those, giving per-(rank, step)
-  summaries; ``steps_reduce`` concatenates them into the ``StepReport`` the whole table gives.
+  summaries; ``steps_merge`` folds them, one partition at a time, into per-step totals (``step_totals``: sums
+  and extremes, exact over any split of the ranks) and, when asked, the ``StepReport`` the whole table gives
+  (``steps_reduce``), whose per-(rank, step) rows only a small job's merge needs to hold.
 """
 
 from __future__ import annotations
