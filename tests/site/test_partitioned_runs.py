@@ -90,11 +90,13 @@ def test_a_partitioned_run_stores_the_whole_table_result(
 
 
 def test_a_communicator_larger_than_a_partition_is_cut_into_slices_with_the_whole_tables_perf_result(
-    each_storage_backend, personas, settings, tmp_path
+    each_storage_backend, personas, settings, tmp_path, monkeypatch
 ):
+    from apps.analysis import partitions
     from apps.analysis.partitions import plan_partitions
 
     settings.ANALYSIS_PARTITION_ROWS = 60  # a tensor-parallel group's 144 rows: three slices or more
+    monkeypatch.setattr(partitions, "READ_FILES", 3)  # a map task reads its files a few at a time
     table = megatron_table()
     put_store(personas.workload.pk, table, tmp_path)
     plan = plan_partitions("perf", workload_parquet_files(personas.workload))
