@@ -254,7 +254,7 @@ def perf_reduce_by_rank(
 SLICE_VALUES = [*GROUP_KEYS, "bytes", "algbw", "busbw", "transfer_ns"]
 SELECT_LIMIT = 200_000  # window values at which a selection stops narrowing and takes its value exactly
 SELECT_SAMPLE = 4096  # values sampled from a larger window to narrow it
-SELECT_BUDGET = 4_000_000  # values collected at most in one batch of selections (several batches read again)
+SELECT_BUDGET = 16_000_000  # window values collected at most by one batch of selections (~128 MiB; more: batches)
 
 
 SEQ_BUCKETS = 1024  # a large communicator's sequence numbers are counted in this many ranges to plan its slices
@@ -349,8 +349,9 @@ def _window(values: np.ndarray, sel: _Selection) -> tuple[int, np.ndarray]:
     return a, values[a:b]
 
 
-def _select(batch: list[_Selection], count: int, load: Callable[[int], pl.DataFrame]) -> None:
-    """Find the values of ``batch`` exactly, reading the slices one at a time per pass. A window of at most
+def _select(batch: list[_Selection], slices: list[int], load: Callable[[int], pl.DataFrame]) -> None:
+    """Find the values of ``batch`` exactly, reading ``slices`` (those holding its groups) one at a time per pass.
+    A window of at most
     SELECT_LIMIT values is collected and sorted; a larger one is sampled (about SELECT_SAMPLE values, evenly by
     rank within each slice), and the next pass counts exactly how many values lie below and at each sample: the
     value is a sample, or the window shrinks to the values between two neighbouring samples."""
@@ -362,16 +363,21 @@ def _select(batch: list[_Selection], count: int, load: Callable[[int], pl.DataFr
         for sel in open_:
             by_column.setdefault(sel.group, {}).setdefault(sel.column, []).append(sel)
         found: dict[int, list[np.ndarray]] = {id(s): [] for s in open_}
+        windows: dict[tuple, list[np.ndarray]] = {}  # collected windows, shared by the selections of one window
         less = {id(s): np.zeros(len(s.pivots), np.int64) for s in open_ if s.pivots is not None}
         upto = {id(s): np.zeros(len(s.pivots), np.int64) for s in open_ if s.pivots is not None}
-        for i in range(count):
+        for i in slices:
             frame = load(i)
             for group, part in frame.partition_by(GROUP_KEYS, as_dict=True).items():
                 for column, selections in by_column.get(group, {}).items():
                     values = np.sort(part.get_column(column).to_numpy())
+                    collected: set[tuple] = set()
                     for sel in selections:
-                        if sel.inside <= SELECT_LIMIT:  # collect the window
-                            found[id(sel)].append(_window(values, sel)[1])
+                        if sel.inside <= SELECT_LIMIT:  # collect the window (once for selections sharing it)
+                            key = (group, column, sel.lo, sel.hi)
+                            if key not in collected:
+                                collected.add(key)
+                                windows.setdefault(key, []).append(_window(values, sel)[1])
                         elif sel.pivots is None:  # sample it
                             window = _window(values, sel)[1]
                             found[id(sel)].append(window[:: -(-sel.inside // SELECT_SAMPLE)])
@@ -381,7 +387,7 @@ def _select(batch: list[_Selection], count: int, load: Callable[[int], pl.DataFr
             del frame
         for sel in open_:
             if sel.inside <= SELECT_LIMIT:
-                window = np.sort(np.concatenate(found[id(sel)]))
+                window = np.sort(np.concatenate(windows[(sel.group, sel.column, sel.lo, sel.hi)]))
                 sel.value, sel.done = window[sel.position - sel.below].item(), True
             elif sel.pivots is None:
                 sel.pivots = np.unique(np.concatenate(found[id(sel)]))
@@ -417,10 +423,13 @@ def slice_groups(count: int, load: Callable[[int], pl.DataFrame]) -> pl.DataFram
     figures (a median of the one or two middle values, a "nearest" quantile of the one value it takes). None: no
     slice had a transfer."""
     sizes, schema = [], None
+    holders: dict[tuple, list[int]] = {}  # the slices holding each group
     for i in range(count):
         values = load(i)
         schema = values.select(SLICE_VALUES).schema
         sizes.append(values.group_by(GROUP_KEYS).agg(samples=pl.len().cast(pl.Int64)))
+        for row in sizes[-1].select(GROUP_KEYS).iter_rows():
+            holders.setdefault(row, []).append(i)
         del values
     present = [f for f in sizes if f.height]
     if not present or schema is None:
@@ -429,20 +438,26 @@ def slice_groups(count: int, load: Callable[[int], pl.DataFrame]) -> pl.DataFram
     size = {tuple(row[:-1]): int(row[-1]) for row in counts.iter_rows()}
     middles = {group: sorted({(n - 1) // 2, n // 2}) for group, n in size.items()}
     selections: list[_Selection] = []
-    for group, n in size.items():
+    for group, n in sorted(size.items(), key=str):  # a batch holds few communicators: it reads only their slices
         for column in GROUP_MEDIANS.values():
             selections += [_Selection(group, column, k, n) for k in middles[group]]
         selections.append(_Selection(group, "busbw", nearest_index(n, P10), n))
+
+    def run(batch: list[_Selection]) -> None:
+        _select(batch, sorted({i for sel in batch for i in holders[sel.group]}), load)
+
     batch: list[_Selection] = []
-    held = 0
+    held, seen = 0, set()
     for sel in selections:  # batches whose collected windows stay within SELECT_BUDGET values
-        cost = min(size[sel.group], SELECT_LIMIT)
+        cost = 0 if (sel.group, sel.column) in seen else min(size[sel.group], SELECT_LIMIT)
         if batch and held + cost > SELECT_BUDGET:
-            _select(batch, count, load)
-            batch, held = [], 0
+            run(batch)
+            batch, held, seen = [], 0, set()
+            cost = min(size[sel.group], SELECT_LIMIT)
         batch.append(sel)
+        seen.add((sel.group, sel.column))
         held += cost
-    _select(batch, count, load)
+    run(batch)
     found = {(s.group, s.column, s.position): s.value for s in selections}
     middle = pl.DataFrame(
         [
