@@ -9,8 +9,11 @@ non-object elements, a repeated traceEvents key, and chunk boundaries anywhere.
 
 from __future__ import annotations
 
+import gzip
+import itertools
 import json
 import random
+import zlib
 from pathlib import Path
 
 import pyarrow as pa
@@ -138,3 +141,41 @@ def test_runs_decoded_by_msgspec_read_as_the_whole_document_does(tmp_path, monke
     # Most runs were decoded by msgspec, and the oddities sent some to the scanner.
     assert sum(d is not None for d in decoded) > len(decoded) // 2
     assert None in decoded
+
+
+def _gzipped_in_members(path: Path, text: bytes, members: int) -> Path:
+    """``text`` as several gzip members back to back (as concatenated .gz files are)."""
+    cut = [len(text) * i // members for i in range(members + 1)]
+    path.write_bytes(b"".join(gzip.compress(text[a:b], 6, mtime=0) for a, b in itertools.pairwise(cut)))
+    return path
+
+
+@pytest.mark.parametrize("chunk", [4099, 8 << 20])
+def test_a_gzip_trace_reads_the_same_with_isal_as_with_the_zlib_module(tmp_path, monkeypatch, chunk):
+    isal_zlib = pytest.importorskip("isal.isal_zlib")
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", chunk)
+    text = _awkward(kineto_trace(1, 4, 3000, seed=1, nccl_every=7), 1).encode()
+    path = _gzipped_in_members(tmp_path / "rank1.pt.trace.json.gz", text, 3)
+    monkeypatch.setattr(kineto, "_inflate", isal_zlib)
+    fast = kineto.load(path)
+    monkeypatch.setattr(kineto, "_inflate", zlib)
+    assert fast.num_rows > 0
+    assert fast.equals(kineto.load(path))
+    assert fast.equals(_reference(_write_bytes(tmp_path / "rank1.json", text)))
+
+
+def _write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("damage", ["checksum", "data"])
+def test_a_corrupt_gzip_trace_is_refused_with_the_reason(tmp_path, damage):
+    text = json.dumps(kineto_trace(0, 4, 3000, seed=2, nccl_every=7)).encode()
+    data = bytearray(gzip.compress(text, 6, mtime=0))
+    # Past the first 4 KiB of text (what detection reads), so the file is still taken for a trace.
+    data[-6 if damage == "checksum" else len(data) * 2 // 3] ^= 0x5A
+    path = _write_bytes(tmp_path / "rank0.pt.trace.json.gz", bytes(data))
+    assert kineto.detect(path)
+    with pytest.raises(EvidenceError, match="corrupt gzip data"):
+        kineto.load(path)

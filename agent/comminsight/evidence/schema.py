@@ -89,6 +89,9 @@ SCHEMA = pa.schema(
 )
 
 
+_FIELDS = tuple(SCHEMA)  # built once: iterating the schema makes a Field object per column each time
+
+
 def empty_table() -> pa.Table:
     """An operations table with no rows."""
     return SCHEMA.empty_table()
@@ -101,12 +104,14 @@ def conform(table: pa.Table) -> pa.Table:
     column when a non-nullable column is missing or holds nulls, or a cast fails.
     """
     n = table.num_rows
+    present = frozenset(table.column_names)
     columns = []
-    for field in SCHEMA:
-        if field.name in table.column_names:
+    for field in _FIELDS:
+        if field.name in present:
             column = table.column(field.name)
             try:
-                column = column.cast(field.type)
+                if column.type != field.type:
+                    column = column.cast(field.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise ValueError(f"column {field.name!r} cannot be read as {field.type}: {exc}") from exc
         elif field.nullable:

@@ -42,7 +42,7 @@ def to_table(columns: Mapping[str, Sequence[Any] | pa.Array | np.ndarray], path:
         field = SCHEMA.field(name)
         try:
             if isinstance(values, pa.Array | pa.ChunkedArray):
-                array = values.cast(field.type)
+                array = values if values.type == field.type else values.cast(field.type)
             else:
                 array = _array(values, field.type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, TypeError) as exc:

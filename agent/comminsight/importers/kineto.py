@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from functools import lru_cache
 from itertools import compress, repeat
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import msgspec
@@ -42,6 +43,14 @@ import pyarrow.compute as pc
 from comminsight.importers import EvidenceError, Importer, directory_holds, evidence_files, register
 from comminsight.importers.columns import MAX_ROWS, concat, paused_gc, to_table
 from comminsight.importers.normalise import dtypes, itemsizes, map_distinct, ops
+
+_inflate: ModuleType
+try:
+    # ISA-L's inflate: the zlib module's interface, about 4 times as fast on traces (gzip checks included).
+    from isal import isal_zlib as _inflate
+except ModuleNotFoundError:  # a checkout set up before isal was pinned: the standard zlib, same results
+    _inflate = zlib
+_INFLATE_ERRORS: tuple[type[Exception], ...] = (zlib.error, _inflate.error)
 
 NAME = "kineto"
 MAX_FILE_BYTES = 1 << 30
@@ -81,8 +90,8 @@ def _head(path: Path) -> bytes:
         return b""
     if head[:2] == b"\x1f\x8b":
         try:
-            return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, _HEAD)
-        except zlib.error:
+            return _inflate.decompressobj(16 + zlib.MAX_WBITS).decompress(head, _HEAD)
+        except _INFLATE_ERRORS:
             return b""
     return head
 
@@ -427,7 +436,7 @@ def _chunks(path: Path) -> Iterator[bytes]:
             return
         raw.seek(0)
         read = produced = 0
-        member: Any = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        member: Any = _inflate.decompressobj(16 + zlib.MAX_WBITS)
         while data := raw.read(1 << 20):
             read += len(data)
             while data:
@@ -435,8 +444,11 @@ def _chunks(path: Path) -> Iterator[bytes]:
                     data = data.lstrip(b"\0")
                     if not data:
                         break
-                    member = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                out = member.decompress(data, CHUNK_BYTES)
+                    member = _inflate.decompressobj(16 + zlib.MAX_WBITS)
+                try:
+                    out = member.decompress(data, CHUNK_BYTES)
+                except _INFLATE_ERRORS as exc:
+                    raise EvidenceError(f"{path}: cannot read trace: corrupt gzip data: {exc}") from exc
                 produced += len(out)
                 if produced > MAX_JSON_BYTES:
                     raise EvidenceError(f"{path}: decompressed trace is over the {MAX_JSON_BYTES}-byte limit")
@@ -525,6 +537,7 @@ assert set(_ARG_NAMES) == _ARG_KEYS
 assert _Event.__struct_fields__ == _EVENT_KEYS
 # Elements that are not objects (which the table skips) send their run to the scanner.
 _DECODER = msgspec.json.Decoder(list[_Event])
+_OPEN = ord("{")
 # Events are 100 bytes or more (a Kineto flow event, the smallest, is about 110). A run with one
 # "{" per fewer bytes goes to the scanner: a piece of tiny objects would build a struct per few bytes.
 _MIN_BYTES_PER_OBJECT = 48
@@ -763,7 +776,10 @@ class _TraceReader:
             if not self.seen:
                 return None  # "[," is not JSON: the scanner's parse says so
             start += 1
-        if buf.count(b"{", start, end) * _MIN_BYTES_PER_OBJECT > end - start:
+        if (
+            np.count_nonzero(np.frombuffer(buf, np.uint8, end - start, start) == _OPEN) * _MIN_BYTES_PER_OBJECT
+            > end - start
+        ):
             return None
         try:
             items = _DECODER.decode(b"[" + buf[start:end] + b"]")
