@@ -24,6 +24,10 @@ LAYOUTS = {
     "16 GPUs TP2xPP4xDP2": Layout(tp=2, pp=4, dp=2),
     "64 GPUs TP4xPP4xDP4": Layout(tp=4, pp=4, dp=4),
     "128 GPUs TP4xPP2xDP8xCP2": Layout(tp=4, pp=2, dp=8, cp=2),
+    # Without TP the context-parallel groups are consecutive ranks, shaped like TP groups: read as TP,
+    # they made each rank its own DP replica (a slow DP group was named as two half-groups).
+    "32 GPUs PP2xDP8xCP2": Layout(pp=2, dp=8, cp=2),
+    "32 GPUs PP2xDP4xCP4": Layout(pp=2, dp=4, cp=4),
 }
 COORDINATE_COLUMNS = ("cp_rank", "dp_rank", "stage", "tp_rank")
 
@@ -131,3 +135,14 @@ def test_a_job_without_a_pipeline_gets_no_inferred_coordinates(tmp_path: Path) -
     report = analyse_stragglers(raw)
     assert report.coordinates == "none"
     assert not any(report.by_coordinate.get(kind) for kind in ("dp", "pp", "tp", "cp"))
+
+
+def test_a_slow_dp_replica_with_context_parallelism_and_no_tp_is_named_as_one_group(tmp_path: Path) -> None:
+    # Both context-parallel ranks of DP replica 1 compute x2: one replica, so one `dp` group of four ranks
+    # (two stages x CP2), not two half-groups of the replica.
+    layout = LAYOUTS["32 GPUs PP2xDP8xCP2"]
+    job = generate(layout, steps=4, faults=(Fault("compute", {"dp": 1}, factor=2.0),), seed=3)
+    report = analyse_stragglers(_raw(job, tmp_path))
+    assert report.coordinates == "inferred"
+    assert [g["group"] for g in report.culprit_groups] == ["dp=1"]
+    assert sorted(report.culprits) == job.truth["culprits"]

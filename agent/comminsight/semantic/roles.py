@@ -12,7 +12,8 @@ a parallel layout leaves in the member sets, whatever coordinate columns the inp
 joined by send/receive form pipelines; a collective group within one pipeline is a pipeline-side
 group (embedding: pp); a group of one pipeline stage that strictly contains another such group is
 a data-parallel group spanning a further axis (Megatron's data-parallel group with context
-parallelism: dp), and a strided group inside it is the context-parallel one (cp). Without this,
+parallelism: dp), and a group inside it is the context-parallel one (cp), strided under tensor
+parallelism and consecutive without it (read as TP by shape, it split each DP replica in two). Without this,
 a job with context parallelism and no cp coordinate read its context-parallel all-gathers as
 data-parallel ones, and its data-parallel groups as tensor-parallel when they were consecutive.
 
@@ -195,8 +196,10 @@ def _roles_from_nesting(
         if out.get(outer, roles[outer]) != "dp":
             continue
         for comm_id in inner:
-            if comm_id in by_shape and roles[comm_id] == "dp":
-                out[comm_id] = "cp"  # strided inside a data-parallel group: its context-parallel part
+            if comm_id in by_shape and out.get(comm_id, roles[comm_id]) in ("dp", "tp"):
+                # Inside a data-parallel group: its context-parallel part, strided (under TP) or consecutive
+                # (without TP). A tensor-parallel group never lies inside one (its members differ in TP rank).
+                out[comm_id] = "cp"
     return out
 
 
