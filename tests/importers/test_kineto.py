@@ -6,6 +6,7 @@ import gzip
 import json
 
 import polars as pl
+import pyarrow as pa
 import pytest
 
 from comminsight.analysis import analyze_hang
@@ -113,3 +114,52 @@ def test_seq_from_the_trace_wins_over_the_ordinal(tmp_path):
     df = pl.from_arrow(load(path))
     assert df["seq"].to_list() == [40, 41, 42]
     assert df["rank"].unique().to_list() == [2]
+
+
+def _unlike_traces() -> list[dict]:
+    """Four ranks' traces that differ in every way the table depends on per trace: clock base, step
+    spans, where group members are listed, kernel order, sequence numbers. External ids repeat
+    across traces (each process counts its own), so a kernel must find its CPU op in its own trace."""
+    from evidence_samples import kineto_trace
+
+    traces = [kineto_trace(rank, 4, 900, seed=11, nccl_every=9) for rank in range(4)]
+    traces[1]["baseTimeNanoseconds"] += 5_000_000_123
+    traces[1]["traceEvents"] = [e for e in traces[1]["traceEvents"] if not e["name"].startswith("ProfilerStep")]
+    traces[2]["distributedInfo"]["pg_config"] = [{"pg_name": "0", "pg_desc": "from_config", "ranks": [0, 1, 2, 3]}]
+    for event in traces[2]["traceEvents"]:
+        event.get("args", {}).pop("Process Group Ranks", None)
+        event.get("args", {}).pop("Process Group Description", None)
+    nccl = [e for e in traces[2]["traceEvents"] if e["name"].startswith("nccl")]
+    others = [e for e in traces[2]["traceEvents"] if not e["name"].startswith("nccl")]
+    traces[2]["traceEvents"] = others + nccl[::-1]  # listed by stream, last enqueued first
+    for i, event in enumerate(e for e in traces[3]["traceEvents"] if e["name"] == "record_param_comms"):
+        event["args"]["Seq"] = 100 + 2 * i
+    return traces
+
+
+def test_a_directory_of_unlike_traces_reads_as_its_traces_one_by_one(tmp_path):
+    directory = tmp_path / "traces"
+    directory.mkdir()
+    for trace in _unlike_traces():
+        (directory / f"rank{trace['distributedInfo']['rank']}.pt.trace.json").write_text(json.dumps(trace))
+    together = load(directory)
+    one_by_one = pa.concat_tables([load(path) for path in sorted(directory.iterdir())]).combine_chunks()
+    assert together.equals(one_by_one)
+    df = pl.from_arrow(together)
+    ops = df.filter(pl.col("op") != "compute")
+    assert ops.filter(pl.col("rank") == 2)["comm_desc"].unique().to_list() == ["from_config"]
+    assert ops.filter(pl.col("rank") == 3)["seq"].min() == 100
+    assert ops.filter(pl.col("rank") == 1)["step"].null_count() == len(ops.filter(pl.col("rank") == 1))
+    assert ops.filter(pl.col("rank") == 0)["step"].null_count() == 0
+
+
+def test_a_bad_trace_among_good_ones_is_named(tmp_path):
+    traces = _unlike_traces()
+    kernel = next(e for e in traces[2]["traceEvents"] if e["name"].startswith("nccl"))
+    kernel["args"]["In msg nelems"] = 1 << 70  # past the 64-bit range of the count column
+    directory = tmp_path / "traces"
+    directory.mkdir()
+    for trace in traces:
+        (directory / f"rank{trace['distributedInfo']['rank']}.pt.trace.json").write_text(json.dumps(trace))
+    with pytest.raises(EvidenceError, match=r"rank2\.pt\.trace\.json: .*out of range"):
+        load(directory)

@@ -131,7 +131,7 @@ def test_runs_decoded_by_msgspec_read_as_the_whole_document_does(tmp_path, monke
     decoded = []
     run = kineto._TraceReader._decode_run
     monkeypatch.setattr(
-        kineto._TraceReader, "_decode_run", lambda self, buf: decoded.append(run(self, buf)) or decoded[-1]
+        kineto._TraceReader, "_decode_run", lambda self, buf, at=0: decoded.append(run(self, buf, at)) or decoded[-1]
     )
     path = tmp_path / "rank0.pt.trace.json"
     path.write_text(_late_oddities(kineto_trace(0, 4, 6000, seed=3, nccl_every=7)))

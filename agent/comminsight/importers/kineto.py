@@ -27,9 +27,10 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import lru_cache
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
+from operator import attrgetter, eq, or_
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -67,6 +68,8 @@ MAX_EVENTS = 50_000_000
 # Events kept for the table (NCCL kernels, record_param_comms ops, step spans) per trace; with the
 # row cap of a load, this keeps an import's memory under 1 GB whatever the input.
 MAX_KEPT_EVENTS = 400_000
+# Selected events of several traces built into the table together (see ``load``).
+BATCH_EVENTS = 100_000
 _HEAD = 4096
 _KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"distributedInfo"', b'"deviceProperties"')
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -178,8 +181,9 @@ def _args_column(events: list) -> list[dict]:
     return [a if type(a) is dict else _NO_ARGS for a in args]
 
 
-def _ranks_column(values: list, groups: list[str], listed: dict[str, list[int] | None]) -> list:
-    """Member lists per kernel: the args' list (its text parsed once per distinct text), else pg_config's."""
+def _ranks_column(values: list, groups: list, listed: dict) -> list:
+    """Member lists per kernel: the args' list (its text parsed once per distinct text), else the list
+    ``listed`` gives for the kernel's group (its trace's pg_config)."""
     if set(map(type, values)) <= {str}:
         parsed = {text: _ranks_text(text) for text in set(values)}
         ranks = list(map(parsed.__getitem__, values))
@@ -214,16 +218,26 @@ def _texts(values: list) -> pa.Array:
     return pa.array([v if type(v) is str else None for v in values], pa.string())
 
 
-def _ns(us: np.ndarray, base_ns: int, path: Path) -> np.ndarray:
+def _ns(us: np.ndarray, base_ns: np.ndarray, path: Path) -> np.ndarray:
     """Microseconds on the trace clock -> int64 ns since the epoch (NaN gives ``base_ns``: callers mask it)."""
-    finite = us[~np.isnan(us)]
-    if len(finite) and not (np.abs(finite).max() * 1000 + abs(base_ns) < 9.2e18):
+    finite = ~np.isnan(us)
+    if np.any(finite) and not np.all(np.abs(us[finite]) * 1000 + np.abs(base_ns[finite]) < 9.2e18):
         raise EvidenceError(f"{path}: a timestamp is out of range")
     # np.rint rounds half to even, as Python's round() did.
-    return np.rint(np.nan_to_num(us) * 1000).astype(np.int64) + np.int64(base_ns)
+    return np.rint(np.nan_to_num(us) * 1000).astype(np.int64) + base_ns
 
 
-def _load_one(path: Path, trace: dict) -> pa.Table:
+class _Trace(NamedTuple):
+    """What one rank's trace gives the table, before any column is built."""
+
+    path: Path
+    rank: int
+    base_ns: int
+    groups: dict[str, tuple[Any, list[int] | None]]  # pg_config: process group name -> (description, ranks)
+    events: list[dict]  # the selected events (NCCL kernels, record_param_comms ops, step spans)
+
+
+def _trace(path: Path, trace: dict) -> _Trace:
     rank = _rank_of(trace, path)
     base = trace.get("baseTimeNanoseconds")
     base_ns = int(base) if isinstance(base, int) and not isinstance(base, bool) else 0
@@ -231,16 +245,42 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
         raise EvidenceError(f"{path}: baseTimeNanoseconds {base_ns} is out of range")
     info_value = trace.get("distributedInfo")
     info: dict = info_value if isinstance(info_value, dict) else {}
-    pg_desc: dict[str, tuple[Any, list[int] | None]] = {}
+    groups: dict[str, tuple[Any, list[int] | None]] = {}
     for pg in info.get("pg_config", []) or []:
         if isinstance(pg, dict) and "pg_name" in pg:
-            pg_desc[str(pg["pg_name"])] = (pg.get("pg_desc"), _ranks(pg.get("ranks")))
-
-    # The keys that select events are gathered as columns (one C-level pass each) and matched with
-    # Arrow kernels; only the few selected events are then looked at one by one.
+            groups[str(pg["pg_name"])] = (pg.get("pg_desc"), _ranks(pg.get("ranks")))
     events = trace["traceEvents"]
     if not set(map(type, events)) <= {dict}:
         events = [e for e in events if type(e) is dict]
+    return _Trace(path, rank, base_ns, groups, events)
+
+
+def _load_one(path: Path, trace: dict) -> pa.Table:
+    """The table of one trace (what ``load`` gives for a file holding it)."""
+    return _table([_trace(path, trace)])
+
+
+def _table(traces: list[_Trace]) -> pa.Table:
+    """The operations table of several ranks' traces, built in one pass over all their events: each
+    column is one Arrow/numpy call for every rank at once (a few hundred rows per rank would otherwise
+    pay each call's fixed cost once per rank). Rows are ordered as for one trace after another: a
+    rank's operations in enqueue order, then its step spans."""
+    if len(traces) == 1:
+        return _table_of(traces)
+    try:
+        return _table_of(traces)
+    except EvidenceError:
+        for trace in traces:  # the first trace at fault, named as when each is built alone
+            _table_of([trace])
+        raise
+
+
+def _table_of(traces: list[_Trace]) -> pa.Table:
+    fault = traces[0].path if len(traces) == 1 else Path(", ".join(str(t.path) for t in traces))
+    # The keys that select events are gathered as columns (one C-level pass each) and matched with
+    # Arrow kernels; only the few selected events are then looked at one by one.
+    events = list(chain.from_iterable(t.events for t in traces))
+    owner = np.repeat(np.arange(len(traces)), [len(t.events) for t in traces])  # each event's trace
     names = _texts(list(map(dict.get, events, repeat("name"))))
     categories = _texts(list(map(dict.get, events, repeat("cat"))))
     is_kernel = pc.fill_null(pc.and_(pc.equal(categories, "kernel"), names.is_valid()), False)
@@ -249,30 +289,35 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
         pc.and_(pc.equal(categories, "user_annotation"), pc.starts_with(names, "ProfilerStep#")), False
     )
 
-    def spans(mask: pa.Array) -> list[dict]:
-        # Complete ("X") events only.
+    def spans(mask: pa.Array) -> tuple[list[dict], list[int]]:
+        # Complete ("X") events only, with the trace each comes from.
         picked = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
-        return [e for e in map(events.__getitem__, picked) if e.get("ph") == "X"]
+        complete = [e.get("ph") == "X" for e in map(events.__getitem__, picked)]
+        return list(compress(map(events.__getitem__, picked), complete)), owner[picked][complete].tolist()
 
-    kernels = spans(is_kernel)
+    kernels, kernel_owner = spans(is_kernel)
     kernel_args = _args_column(kernels)
     keep = [
         ("Collective name" in a or e["name"].startswith("nccl")) and type(t := e.get("ts")) in _NUMBER and t == t
         for e, a in zip(kernels, kernel_args, strict=True)
     ]
     kernels, kernel_args = list(compress(kernels, keep)), list(compress(kernel_args, keep))
-    comm_events = spans(is_comm)
+    kernel_owner = list(compress(kernel_owner, keep))
+    comm_events, comm_owner = spans(is_comm)
     comm_ids = map(dict.get, _args_column(comm_events), repeat("External id"))
-    cpu_comms = {x: e for e, x in zip(comm_events, comm_ids, strict=True) if type(x) in _KEY}
-    steps: list[tuple[float, float, int]] = []
-    for event in spans(is_step):
+    # The CPU op of a kernel: same trace, same External id.
+    cpu_comms = {(o, x): e for e, o, x in zip(comm_events, comm_owner, comm_ids, strict=True) if type(x) in _KEY}
+    steps: list[list[tuple[float, float, int]]] = [[] for _ in traces]
+    for event, o in zip(*spans(is_step), strict=True):
         match = _STEP.match(event["name"])
         ts, dur = _number(event.get("ts")), _number(event.get("dur"))
         if match and ts is not None and dur is not None:
-            steps.append((ts, ts + dur, int(match.group(1))))
-    steps.sort()
+            steps[o].append((ts, ts + dur, int(match.group(1))))
+    for trace_steps in steps:
+        trace_steps.sort()
 
-    cpu = [cpu_comms.get(x) if type(x) in _KEY else None for x in map(dict.get, kernel_args, repeat("External id"))]
+    kernel_ids = map(dict.get, kernel_args, repeat("External id"))
+    cpu = [cpu_comms.get((o, x)) if type(x) in _KEY else None for o, x in zip(kernel_owner, kernel_ids, strict=True)]
     cpu_args = _args_column(cpu)
 
     # Kernel args win over those of the CPU op; each column is then one C-level pass over the merged args.
@@ -284,6 +329,8 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
     def kernel(key: str) -> list:
         return list(map(dict.get, kernel_args, repeat(key)))
 
+    owners = np.array(kernel_owner, np.int64)
+    base_ns = np.array([t.base_ns for t in traces], np.int64)
     try:
         names = pa.array([e["name"] for e in kernels], pa.string())
         raw_op = pc.coalesce(_texts(merged("Collective name")), map_distinct(names, lambda n: _kernel_traits(n)[0]))
@@ -293,8 +340,11 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
         if not set(map(type, group)) <= {str}:
             group = [g if type(g) is str else ("unknown" if g is None else str(g)) for g in group]
         group_arr = pa.array(group, pa.string())
-        listed = {name: value[1] for name, value in pg_desc.items()}
-        ranks = _ranks_column(merged("Process Group Ranks"), group, listed)
+        # A process group is known by its name within one trace's pg_config.
+        group_keys = list(zip(kernel_owner, group, strict=True))
+        config = {key: traces[key[0]].groups.get(key[1], (None, None)) for key in set(group_keys)}
+        listed = {key: value[1] for key, value in config.items()}
+        ranks = _ranks_column(merged("Process Group Ranks"), group_keys, listed)
         size = _ints(merged("Group size"))
         size_from_ranks = pa.array([len(r) if r else None for r in ranks], pa.int64())
         dtype = dtypes(_texts(merged("dtype")))
@@ -304,7 +354,7 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
         peer = pc.coalesce(*[_ints(merged(key)) for key in _PEER_KEYS])
         descs = _texts(merged("Process Group Description"))
         descs = pc.if_else(pc.equal(descs, ""), pa.scalar(None, pa.string()), descs)  # empty: not given
-        pg_descs = map_distinct(group_arr, lambda g: pg_desc.get(g, (None, None))[0] if g is not None else None)
+        pg_descs = pa.array([config[key][0] for key in group_keys], pa.string())
         ts = _floats([e["ts"] for e in kernels])
         dur = np.nan_to_num(_floats([e.get("dur") for e in kernels]))
         cpu_ts = _floats([c.get("ts") if c is not None else None for c in cpu])
@@ -312,6 +362,7 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
         bytes_ = pc.if_else(pc.equal(itemsize, 0), pa.scalar(None, pa.int64()), pc.multiply_checked(count, itemsize))
         has_cpu = ~np.isnan(cpu_ts)
         enqueue = np.where(has_cpu, cpu_ts, ts)
+        kernel_base = base_ns[owners]
         columns: dict[str, Any] = {
             "pid": pa.array(pid, pa.int64()),
             "device": _ints(kernel("device")),
@@ -327,27 +378,30 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
             "bytes": bytes_,
             "dtype": dtype,
             "peer": peer,
-            "enqueue_ns": pa.array(_ns(cpu_ts, base_ns, path), mask=~has_cpu),
-            "start_ns": _ns(ts, base_ns, path),
-            "end_ns": _ns(ts + dur, base_ns, path),
+            "enqueue_ns": pa.array(_ns(cpu_ts, kernel_base, fault), mask=~has_cpu),
+            "start_ns": _ns(ts, kernel_base, fault),
+            "end_ns": _ns(ts + dur, kernel_base, fault),
             "stream": _ints(kernel("stream")),
             "algo": map_distinct(names, lambda n: _kernel_traits(n)[1] if n else None),
             "proto": map_distinct(names, lambda n: _kernel_traits(n)[2] if n else None),
             "record_id": _ints(kernel("External id")),
         }
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
-        raise EvidenceError(f"{path}: a kernel argument has a value out of range or of the wrong type: {exc}") from exc
+        raise EvidenceError(f"{fault}: a kernel argument has a value out of range or of the wrong type: {exc}") from exc
     n = len(kernels)
-    if n and np.any(np.diff(enqueue) < 0):
-        # Kernels are listed by GPU stream; sequences and steps follow the CPU enqueue order.
+    if n and np.any((np.diff(enqueue) < 0) & (np.diff(owners) == 0)):
+        # Kernels are listed by GPU stream; sequences and steps follow each rank's CPU enqueue order.
         order = np.argsort(enqueue, kind="stable")
+        order = order[np.argsort(owners[order], kind="stable")]  # each trace's rows stay together
         columns = {k: pc.take(v, order) if isinstance(v, pa.Array) else v[order] for k, v in columns.items()}
         enqueue = enqueue[order]
 
-    # Sequences the trace does not carry: ordinal per (process group, collective|p2p) in enqueue order.
+    # Sequences the trace does not carry: ordinal per (trace, process group, collective|p2p) in enqueue order.
     if n and columns["seq"].null_count:
         group_code = pc.dictionary_encode(columns["comm_id"]).indices.to_numpy().astype(np.int64)
-        codes = group_code * 2 + columns["is_p2p"].to_numpy(zero_copy_only=False)
+        codes = (owners * (int(group_code.max()) + 1) + group_code) * 2 + columns["is_p2p"].to_numpy(
+            zero_copy_only=False
+        )
         order = np.argsort(codes, kind="stable")
         sorted_codes = codes[order]
         starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
@@ -356,33 +410,54 @@ def _load_one(path: Path, trace: dict) -> pa.Table:
         ordinal[order] = np.arange(n) - first_of_group
         columns["seq"] = pc.coalesce(columns["seq"], pa.array(ordinal))
 
-    # Step labels: the ProfilerStep span the op was enqueued in (one vectorised search).
-    if steps and n:
-        starts = np.array([s[0] for s in steps])
-        ends = np.array([s[1] for s in steps])
-        labels = np.array([s[2] for s in steps], dtype=np.int64)
-        index = np.searchsorted(starts, enqueue, side="right") - 1
-        inside = (index >= 0) & (enqueue <= ends[np.clip(index, 0, None)])
-        columns["step"] = pa.array(labels[np.clip(index, 0, None)], mask=~inside)
-    columns["rank"] = np.full(n, rank, np.int64)
+    # Step labels: the ProfilerStep span of its trace the op was enqueued in (one vectorised search per trace).
+    bounds = np.searchsorted(owners, np.arange(len(traces) + 1))
+    if n and any(steps):
+        label = np.zeros(n, np.int64)
+        inside = np.zeros(n, bool)
+        for o, trace_steps in enumerate(steps):
+            lo, hi = bounds[o], bounds[o + 1]
+            if not trace_steps or lo == hi:
+                continue
+            starts = np.array([s[0] for s in trace_steps])
+            ends = np.array([s[1] for s in trace_steps])
+            labels = np.array([s[2] for s in trace_steps], dtype=np.int64)
+            index = np.searchsorted(starts, enqueue[lo:hi], side="right") - 1
+            inside[lo:hi] = (index >= 0) & (enqueue[lo:hi] <= ends[np.clip(index, 0, None)])
+            label[lo:hi] = labels[np.clip(index, 0, None)]
+        columns["step"] = pa.array(label, mask=~inside)
+    rank_of_trace = np.array([t.rank for t in traces], np.int64)
+    columns["rank"] = rank_of_trace[owners]
     columns["seq_kind"] = pc.if_else(columns["is_p2p"], "p2p", "comm") if n else pa.array([], pa.string())
     columns["state"] = pa.repeat(pa.scalar("completed"), n)
     columns["source"] = pa.repeat(pa.scalar(NAME), n)
-    ops_table = to_table(columns, path)
+    ops_table = to_table(columns, fault)
 
     # The step spans themselves, as "compute" rows: step boundaries are ground truth for step recovery.
+    spans_per_trace = [len(s) for s in steps]
+    all_steps = list(chain.from_iterable(steps))
+    span_owner = np.repeat(np.arange(len(traces)), spans_per_trace)
+    m = len(all_steps)
     span_columns = {
-        "rank": [rank] * len(steps),
-        "comm_id": [""] * len(steps),
-        "op": ["compute"] * len(steps),
-        "is_p2p": [False] * len(steps),
-        "state": ["completed"] * len(steps),
-        "step": [s[2] for s in steps],
-        "start_ns": _ns(np.array([s[0] for s in steps], np.float64), base_ns, path),
-        "end_ns": _ns(np.array([s[1] for s in steps], np.float64), base_ns, path),
-        "source": [NAME] * len(steps),
+        "rank": rank_of_trace[span_owner],
+        "comm_id": [""] * m,
+        "op": ["compute"] * m,
+        "is_p2p": [False] * m,
+        "state": ["completed"] * m,
+        "step": [s[2] for s in all_steps],
+        "start_ns": _ns(np.array([s[0] for s in all_steps], np.float64), base_ns[span_owner], fault),
+        "end_ns": _ns(np.array([s[1] for s in all_steps], np.float64), base_ns[span_owner], fault),
+        "source": [NAME] * m,
     }
-    return concat([ops_table, to_table(span_columns, path)])
+    table = concat([ops_table, to_table(span_columns, fault)])
+    if len(traces) == 1:
+        return table
+    # One trace after another: its operations, then its spans.
+    span_bounds = np.r_[0, np.cumsum(spans_per_trace)] + n
+    rows = np.concatenate(
+        [np.r_[bounds[o] : bounds[o + 1], span_bounds[o] : span_bounds[o + 1]] for o in range(len(traces))]
+    )
+    return table.take(rows)
 
 
 # ---- the trace as a stream of pieces -----------------------------------------------------------
@@ -490,6 +565,7 @@ def _compact(event: Any) -> Any:
 # ---- the fast path: whole runs of events decoded by msgspec into typed structs -----------------
 
 _UNSET: Any = msgspec.UNSET
+_NAME, _CAT = attrgetter("name"), attrgetter("cat")
 
 
 def _arg(key: str) -> Any:
@@ -537,7 +613,6 @@ assert set(_ARG_NAMES) == _ARG_KEYS
 assert _Event.__struct_fields__ == _EVENT_KEYS
 # Elements that are not objects (which the table skips) send their run to the scanner.
 _DECODER = msgspec.json.Decoder(list[_Event])
-_OPEN = ord("{")
 # Events are 100 bytes or more (a Kineto flow event, the smallest, is about 110). A run with one
 # "{" per fewer bytes goes to the scanner: a piece of tiny objects would build a struct per few bytes.
 _MIN_BYTES_PER_OBJECT = 48
@@ -565,11 +640,24 @@ def _args(raw: Any) -> Any:
     return {k: v for k, v in zip(_ARG_NAMES, msgspec.structs.astuple(args), strict=True) if v is not _UNSET}
 
 
+def _candidates(items: list) -> Iterable[Any]:
+    """The events of ``items`` that are kernels or carry a name the table reads, in order: found by
+    C-level passes (a few percent of a trace's events are looked at one by one)."""
+    names = list(map(_NAME, items))
+    try:
+        distinct = set(names)
+    except TypeError:  # a name that is an array or an object: every event is looked at
+        return items
+    wanted = {n for n in distinct if type(n) is str and (n == "record_param_comms" or n.startswith("ProfilerStep#"))}
+    kernel = map(eq, map(_CAT, items), repeat("kernel"))
+    return compress(items, map(or_, kernel, map(wanted.__contains__, names)))
+
+
 def _selected(items: list) -> list[dict]:
     """The events the table could use (a superset of those ``_load_one`` takes), each as ``_compact``
     gives it from the whole-object parse."""
     kept = []
-    for event in items:
+    for event in _candidates(items):
         if type(event) is not _Event or type(name := event.name) is not str:
             continue
         args = _UNSET
@@ -743,17 +831,17 @@ class _TraceReader:
             at += keep
             if at != opening.end():  # the scanner kept a rest: not the place to switch
                 return buf[at:], depth
-        rest = buf[at:] if at else buf
-        taken = self._decode_run(rest)
+        taken = self._decode_run(buf, at)
         if taken is None:
+            rest = buf[at:] if at else buf
             taken, depth = self._feed(rest, depth)
-        else:
-            depth = 2
-        return rest[taken:], depth
+            return rest[taken:], depth
+        return buf[taken:], 2
 
-    def _decode_run(self, buf: bytes) -> int | None:
-        """Decode the complete events of ``buf`` (which starts between two events of traceEvents) in one
-        msgspec call; returns where the rest begins, or None to leave ``buf`` to the bracket scanner.
+    def _decode_run(self, buf: bytes, at: int = 0) -> int | None:
+        """Decode the complete events of ``buf[at:]`` (which starts between two events of traceEvents) in
+        one msgspec call; returns where the rest begins in ``buf``, or None to leave ``buf[at:]`` to the
+        bracket scanner.
 
         The run is cut after the last "}" followed by "," and "{". If that "}" does not end an event
         (it closes an object inside one, or sits in a string), ``[`` + run + ``]`` is not valid JSON:
@@ -764,25 +852,23 @@ class _TraceReader:
         pieces with no boundary in their last MiB go to the scanner.
         """
         end = len(buf)
-        floor = max(0, end - _BOUNDARY_TAIL)
+        floor = max(at, end - _BOUNDARY_TAIL)
         while (end := buf.rfind(b"}", floor, end)) >= 0 and not _BOUNDARY.match(buf, end):
             pass
         if end < 0:
             return None
         end += 1
-        blanks = _BLANKS.match(buf)
-        start = blanks.end() if blanks else 0
+        blanks = _BLANKS.match(buf, at)
+        start = blanks.end() if blanks else at
         if buf[start : start + 1] == b",":
             if not self.seen:
                 return None  # "[," is not JSON: the scanner's parse says so
             start += 1
-        if (
-            np.count_nonzero(np.frombuffer(buf, np.uint8, end - start, start) == _OPEN) * _MIN_BYTES_PER_OBJECT
-            > end - start
-        ):
+        if buf.count(b"{", start, end) * _MIN_BYTES_PER_OBJECT > end - start:
             return None
         try:
-            items = _DECODER.decode(b"[" + buf[start:end] + b"]")
+            # One copy of the run, brackets included (a megabyte copied costs page faults as well).
+            items = _DECODER.decode(b"".join((b"[", memoryview(buf)[start:end], b"]")))
             wanted = _selected(items)
         except (msgspec.DecodeError, RecursionError, _NotTaken):
             return None
@@ -854,20 +940,37 @@ def load(path: Path) -> pa.Table:
     if not files:
         raise EvidenceError(f"{path}: no Kineto trace found")
     tables: list[pa.Table] = []
+    pending: list[_Trace] = []
     seen: dict[int, Path] = {}
     rows = 0
+
+    def build() -> None:
+        nonlocal rows
+        table = _table(pending)
+        ranks, counts = np.unique(table.column("rank").to_numpy(), return_counts=True)
+        per_rank = dict(zip(ranks.tolist(), counts.tolist(), strict=True))
+        for trace in pending:
+            rows += per_rank.get(trace.rank, 0)
+            if rows > MAX_ROWS:
+                raise EvidenceError(f"{trace.path}: more than {MAX_ROWS} operations in the traces read so far")
+        tables.append(table)
+        pending.clear()
+
+    # Traces are read one by one and built into the table in batches of up to BATCH_EVENTS selected
+    # events: few Arrow calls for many small traces, bounded memory for large ones.
     for file in files:
         with paused_gc():
-            trace = _read(file)
-            table = _load_one(file, trace)
-        rank = _rank_of(trace, file)
-        if rank in seen:
-            raise EvidenceError(f"{file}: rank {rank} already read from {seen[rank].name}")
-        seen[rank] = file
-        tables.append(table)
-        rows += table.num_rows
-        if rows > MAX_ROWS:
-            raise EvidenceError(f"{file}: more than {MAX_ROWS} operations in the traces read so far")
+            trace = _trace(file, _read(file))
+        if trace.rank in seen:
+            raise EvidenceError(f"{file}: rank {trace.rank} already read from {seen[trace.rank].name}")
+        seen[trace.rank] = file
+        pending.append(trace)
+        if sum(len(t.events) for t in pending) >= BATCH_EVENTS:
+            with paused_gc():
+                build()
+    if pending:
+        with paused_gc():
+            build()
     result = concat(tables)
     if result.num_rows == 0:
         raise EvidenceError(f"{path}: no NCCL operations or ProfilerStep spans in the trace(s)")
