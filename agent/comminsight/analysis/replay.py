@@ -386,9 +386,23 @@ def iteration_times(arrays: dict[str, Any], hi: np.ndarray) -> np.ndarray:
     return out
 
 
+def _masks(arrays: dict[str, Any], part: list[Any], events: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Event-major (events x scenarios) masks of ``part``'s kept durations and gaps over ``events`` (None: all).
+
+    With ``arrays["atom"]`` (each event's atom), a scenario's masks are per atom and are expanded to the
+    events here, window by window; else they are per event."""
+    atom = arrays.get("atom")
+    if atom is None:
+        pick = slice(None) if events is None else events
+        return (np.stack([s.work[pick] for s in part], axis=1), np.stack([s.gap[pick] for s in part], axis=1))
+    index = atom if events is None else atom[events]
+    return np.stack([s.work for s in part], axis=1)[index], np.stack([s.gap for s in part], axis=1)[index]
+
+
 def run(arrays: dict[str, Any], scenarios: list[Any]) -> np.ndarray:
-    """Per scenario and step: replayed step time. A scenario has ``work`` and ``gap``, per event: whether the
-    event keeps its observed duration and gap (else its healthy one, ``ideal_work`` / ``ideal_gap``).
+    """Per scenario and step: replayed step time. A scenario has ``work`` and ``gap``, per atom (or per event
+    without ``arrays["atom"]``): whether its events keep their observed duration and gap (else their healthy
+    one, ``ideal_work`` / ``ideal_gap``).
 
     Scenarios go through the replay in chunks of up to ``CHUNK_SCENARIOS``, window by window, so that a
     chunk's event x scenario arrays stay within ``WINDOW_BUDGET`` bytes whatever the trace's length (a
@@ -404,8 +418,7 @@ def run(arrays: dict[str, Any], scenarios: list[Any]) -> np.ndarray:
         chunk = int(np.clip(REPLAY_BUDGET // max(n * 4 * 8, 1), 4, CHUNK_SCENARIOS))
         for i in range(0, len(scenarios), chunk):
             part = scenarios[i : i + chunk]
-            mw = np.stack([s.work for s in part], axis=1)
-            mg = np.stack([s.gap for s in part], axis=1)
+            mw, mg = _masks(arrays, part, None)
             work = np.where(mw, arrays["work"][:, None], arrays["ideal_work"][:, None])
             gap = np.where(mg, arrays["gap"][:, None], arrays["ideal_gap"][:, None])
             start = np.broadcast_to(arrays["start_offset"][:, None], gap.shape)
@@ -421,8 +434,7 @@ def run(arrays: dict[str, Any], scenarios: list[Any]) -> np.ndarray:
         def window_inputs(win: dict[str, Any], part: list[Any] = part) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             # Built event-major (events x scenarios), the layout the replay reads.
             ev = win["events"]
-            mw = np.stack([s.work[ev] for s in part], axis=1)
-            mg = np.stack([s.gap[ev] for s in part], axis=1)
+            mw, mg = _masks(arrays, part, ev)
             work = np.where(mw, arrays["work32"][ev, None], arrays["ideal_work32"][ev, None])
             gap = np.where(mg, arrays["gap32"][ev, None], arrays["ideal_gap32"][ev, None])
             # Only the ranks' first events read their start.

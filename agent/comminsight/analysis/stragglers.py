@@ -281,6 +281,25 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     arrays["comm"] = _interned(ev.get_column("comm_id").cast(pl.String).fill_null(""))
     arrays["op_kind"] = _interned(kind)
     arrays["gaps_are_compute"] = np.bool_(not bool(arrays["is_compute"].any()))
+    # Atoms: the classes of events that every candidate and scenario is a union of (a rank's operations of
+    # one communicator and kind, matched or not, compute or not). The culprit decision works on atoms and
+    # on per-step sums per atom (_ideal_inputs), never on masks over the trace's events; a replay expands
+    # a scenario's atoms to the events of the window it replays.
+    atom = _dense_ids(
+        r,
+        _codes(ev.get_column("comm_id").cast(pl.String).fill_null("")),
+        _codes(kind),
+        arrays["matched"].astype(np.int8),
+        arrays["is_compute"].astype(np.int8),
+    )
+    first = np.unique(atom, return_index=True)[1] if n else np.zeros(0, np.int64)
+    arrays["atom"] = atom
+    arrays["atom_rank"] = r[first]
+    arrays["atom_comm"] = arrays["comm"][first]
+    arrays["atom_kind"] = arrays["op_kind"][first]
+    arrays["atom_matched"] = arrays["matched"][first]
+    arrays["atom_compute"] = arrays["is_compute"][first]
+    arrays["atom_count"] = np.bincount(atom, minlength=first.size)
     order = np.argsort(st, kind="stable")
     cuts = np.flatnonzero(np.r_[True, st[order][1:] != st[order][:-1]]) if n else np.zeros(0, np.int64)
     arrays["step_order"], arrays["step_cuts"] = order, cuts
@@ -299,6 +318,11 @@ def _dense_ids(*columns: np.ndarray) -> np.ndarray:
     ids = np.empty(order.size, np.int64)
     ids[order] = np.cumsum(new)
     return ids
+
+
+def _codes(values: pl.Series) -> np.ndarray:
+    """Per row, an integer code of its string (equal strings, equal codes; the order is arbitrary)."""
+    return values.cast(pl.Categorical).to_physical().to_numpy().astype(np.int64)
 
 
 def _interned(values: pl.Series) -> np.ndarray:
@@ -395,6 +419,11 @@ def _ideal_inputs(arrays: dict[str, np.ndarray], stage: np.ndarray | None = None
     per = np.zeros((rank_ids.size, n_steps))
     np.add.at(per, (rank_index, arrays["step_index"]), arrays["excess_work"] + arrays["excess_gap"])
     arrays["rank_excess"] = per
+    # Per atom and step: its events' summed excess, durations and gaps apart; what _excess reads.
+    n_atoms, cell = arrays["atom_count"].size, arrays["atom"] * n_steps + arrays["step_index"]
+    for name in ("work", "gap"):
+        sums = np.bincount(cell, weights=arrays[f"excess_{name}"], minlength=n_atoms * n_steps)
+        arrays[f"atom_excess_{name}"] = sums.reshape(n_atoms, n_steps)
     arrays["rank_ids"] = rank_ids
     if gap_ref is not None and stage is not None:
         # Each rank's stage, for comparing a rank with the others of its stage (_rank_excess).
@@ -483,7 +512,7 @@ def _stage_gap_reference(
 
 @dataclass(frozen=True)
 class _Candidate:
-    """A subset that may be a culprit: its ranks, and which events' durations and gaps are its own."""
+    """A subset that may be a culprit: its ranks, and which atoms' durations and gaps are its own."""
 
     ranks: set[int]
     work: np.ndarray
@@ -492,7 +521,7 @@ class _Candidate:
 
 @dataclass(frozen=True)
 class _Scenario:
-    """Which events keep their observed gaps (``gap``) and durations (``work``); the rest are ideal."""
+    """Which atoms' events keep their observed gaps (``gap``) and durations (``work``); the rest are ideal."""
 
     work: np.ndarray
     gap: np.ndarray
@@ -513,9 +542,9 @@ def _noise_threshold(singles: np.ndarray, step: float, min_gain: float) -> float
 
 
 def _excess(arrays: dict[str, np.ndarray], work: np.ndarray, gap: np.ndarray) -> np.ndarray:
-    """Per step: how much longer the masked events' durations and gaps were than the median's."""
-    x = np.where(work, arrays["excess_work"], 0.0) + np.where(gap, arrays["excess_gap"], 0.0)
-    return np.bincount(arrays["step_index"], weights=x, minlength=arrays["step_ids"].size)
+    """Per step: how much longer the masked atoms' durations and gaps were than the median's (from the
+    per-atom, per-step sums: nothing per event)."""
+    return arrays["atom_excess_work"][work].sum(axis=0) + arrays["atom_excess_gap"][gap].sum(axis=0)
 
 
 def _rank_excess(
@@ -686,7 +715,8 @@ def analyse_stragglers(
     if evidence is None and (observed.size == 0 or float(observed.sum()) <= 0):
         evidence = "insufficient: no step with timed operations on two or more ranks"
     n_ev = ev.height
-    everything, nothing = np.ones(n_ev, bool), np.zeros(n_ev, bool)
+    n_atoms = int(arrays["atom_count"].size) if n_ev else 0
+    everything, nothing = np.ones(n_atoms, bool), np.zeros(n_atoms, bool)
     coords = [
         c for c in COORDS if c in df.columns and df.get_column(c).null_count() == 0 and df.get_column(c).n_unique() > 1
     ]
@@ -713,13 +743,13 @@ def analyse_stragglers(
     # slow link slows every member's operations on it, none of their compute).
     cands: dict[str, _Candidate] = {}
     for name, members in subsets:
-        m = np.isin(arrays["rank"], list(members))
+        m = np.isin(arrays["atom_rank"], list(members))
         cands[name] = _Candidate(members, m, m)
     if subsets:
-        comm_ids = arrays["comm"]
-        for comm in np.unique(comm_ids[arrays["matched"]]):
-            m = arrays["matched"] & (comm_ids == comm)
-            members = set(np.unique(arrays["rank"][m]).tolist())
+        comm_ids = arrays["atom_comm"]
+        for comm in np.unique(comm_ids[arrays["atom_matched"]]):
+            m = arrays["atom_matched"] & (comm_ids == comm)
+            members = set(np.unique(arrays["atom_rank"][m]).tolist())
             if len(members) > 1:
                 cands[f"comm={comm}"] = _Candidate(members, m, nothing)
     if subsets:
@@ -737,8 +767,8 @@ def analyse_stragglers(
                 del cands[name]
     names = list(cands)
     if subsets:
-        kind_masks = {k: arrays["op_kind"] == k for k in kinds}
-        comp = arrays["is_compute"] | ~arrays["matched"]
+        kind_masks = {k: arrays["atom_kind"] == k for k in kinds}
+        comp = arrays["atom_compute"] | ~arrays["atom_matched"]
         base = [_Scenario(everything, everything), _Scenario(nothing, nothing)]
         restore = [_Scenario(cands[n].work, cands[n].gap) for n in names]
         remove = [_Scenario(~cands[n].work, ~cands[n].gap) for n in names]
@@ -809,7 +839,7 @@ def analyse_stragglers(
         # What of a candidate is still open: a set of ranks counts only its ranks not yet named (a
         # named culprit's ranks carry its effects in their other operations: the members of a slow
         # TP link wait in their gaps), a communicator only its transfers outside the culprits.
-        chosen_events = np.isin(arrays["rank"], list(chosen.ranks))
+        chosen_events = np.isin(arrays["atom_rank"], list(chosen.ranks))
         part: dict[str, _Scenario] = {}
         for n in names:
             c = cands[n]
@@ -895,10 +925,12 @@ def analyse_stragglers(
             if (c.work & ~top.work).any() or (c.gap & ~top.gap).any():
                 continue
             rest = ((top.work & ~c.work) | (top.gap & ~c.gap)) & ~chosen_events
-            allowance = max(np.sqrt(np.unique(arrays["rank"][rest]).size) * threshold, passing[top_name][2])
+            allowance = max(np.sqrt(np.unique(arrays["atom_rank"][rest]).size) * threshold, passing[top_name][2])
             if savings[n] >= best_saving - allowance:
                 inside.append(n)
-        name = min(inside, key=lambda n: (len(cands[n].ranks), int(cands[n].work.sum()), -savings[n]))
+        name = min(
+            inside, key=lambda n: (len(cands[n].ranks), int(arrays["atom_count"][cands[n].work].sum()), -savings[n])
+        )
         consistency = passing[name][1]
         c = cands[name]
         new_members = c.ranks - chosen.ranks
