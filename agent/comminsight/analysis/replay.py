@@ -326,11 +326,11 @@ def replay(arrays: dict[str, Any], gap: np.ndarray, work: np.ndarray, start: np.
     completes its last member's arrival plus its transfer; a batch completes with its slowest
     member. Max-plus: shorter durations never give a later end.
     """
-    prev, group, batch = arrays["prev"], arrays["group_dense"], arrays["batch"]
-    first, safe_prev = prev < 0, np.maximum(prev, 0)
-    sync, launch, shift = arrays["sync"], arrays["launch"], arrays["shift"]
     c = gap.shape[0]
     if arrays["plan"] is None:
+        prev, group, batch = arrays["prev"], arrays["group_dense"], arrays["batch"]
+        first, safe_prev = prev < 0, np.maximum(prev, 0)
+        sync, launch, shift = arrays["sync"], arrays["launch"], arrays["shift"]
         # A cycle (matching errors): iterate from below, a bounded number of passes.
         end = start.copy()
         cpu = start.copy()

@@ -306,8 +306,28 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     arrays["step_ids"] = st[order][cuts]
     arrays["step_index"] = np.searchsorted(arrays["step_ids"], st)
     arrays["step_begin"] = np.minimum.reduceat(step_start[order], cuts) if n else np.zeros(0)
-    arrays["plan"] = step_windows(arrays) if n else None
+    arrays["plan"] = None  # planned once the references are taken (_plan_replay)
     return ev.select("e"), arrays  # the replay needs nothing else of the frame
+
+
+# Per-event arrays that the replay's windows hold themselves once planned, or that only the whole-trace
+# fallback (a dependency cycle) reads.
+_PLANNED = ("prev", "group_dense", "batch", "step", "step_index", "shift", "sync", "launch")
+_PLANNED += ("gap", "work", "ideal_gap", "ideal_work")
+# Per-event arrays read only while the references and the per-atom sums are taken (_ideal_inputs).
+_REFERENCES = ("partner", "matched", "rank", "work_key", "gap_key", "comm", "op_kind", "is_compute")
+_REFERENCES += ("excess_work", "excess_gap", "step_start")
+
+
+def _plan_replay(arrays: dict[str, np.ndarray]) -> None:
+    """Plan the replay's windows (``replay.step_windows``), first dropping what only the references read, then
+    what the windows now hold: from here on, per event, only the replay's inputs and the windows' plans stay."""
+    for name in _REFERENCES:
+        arrays.pop(name, None)
+    arrays["plan"] = step_windows(arrays)
+    if arrays["plan"] is not None:
+        for name in _PLANNED:
+            arrays.pop(name, None)
 
 
 def _dense_ids(*columns: np.ndarray) -> np.ndarray:
@@ -702,11 +722,13 @@ def analyse_stragglers(
         .rename({"rank": "waiter"})
     )
 
+    del joined, in_group, span, arrivals, last_of  # per event: not needed by the replay
     # What-if replay: observed, ideal, and one subset's slowness restored or removed at a time.
     if evidence is None:
         ev, arrays = _prepare_replay(df, matches)
     else:
         ev, arrays = df.clear(), {}
+    del matches
     observed = (
         _step_times(arrays, ev.get_column("e").to_numpy().astype(np.float64) - arrays["step_start"])
         if ev.height
@@ -734,7 +756,7 @@ def analyse_stragglers(
         for c in coords:
             for value, grp in sorted(rank_coord.group_by(c), key=lambda kv: kv[0][0]):
                 subsets.append((f"{c.removesuffix('_rank')}={value[0]}", set(grp.get_column("rank").to_list())))
-    kinds = sorted({str(k) for k in arrays.get("op_kind", np.zeros(0, str))}) if n_ev else []
+    kinds = sorted({str(k) for k in arrays.get("atom_kind", np.zeros(0, str))}) if n_ev else []
     gap_kind = "compute (between communication)" if n_ev and arrays["gaps_are_compute"] else "launch gaps"
     report_kwargs: dict = {}
     if evidence is not None or n_ev == 0:
@@ -761,6 +783,7 @@ def analyse_stragglers(
             lookup[ranks_with] = stage_of
             stage = lookup[arrays["rank"]]
         _ideal_inputs(arrays, stage)
+        _plan_replay(arrays)
         # Communicators are culprit candidates only when their transfers were slower than jitter.
         for name in [n for n in cands if n.startswith("comm=")]:
             if not _significant(_excess(arrays, cands[name].work, nothing)):
@@ -779,6 +802,9 @@ def analyse_stragglers(
             arrays,
             _replay(arrays, arrays["mean_gap"][None], arrays["mean_work"][None], arrays["start_offset"][None]),
         )[0]
+        if arrays["plan"] is not None:
+            for name in ("mean_gap", "mean_work", "start_offset"):
+                arrays.pop(name)
         nc = len(names)
         t_restore = dict(zip(names, times[2 : 2 + nc], strict=True))
         t_remove = dict(zip(names, times[2 + nc : 2 + 2 * nc], strict=True))
