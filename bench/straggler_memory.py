@@ -1,9 +1,10 @@
-"""Peak memory and CPU of the straggler analysis, whole-trace replay against windowed, at two trace lengths.
+"""Peak memory and CPU of the straggler analysis against a baseline revision, at two trace lengths.
 
 The traces are those of ``bench/straggler_speed.py`` (128 ranks, DP32 x PP2 x CP2, compute rows, backward of
 stage 1 x1.4) at ``--steps`` (default 45 and 90), generated once into ``--cache``. The baseline is the
-analysis at another git revision (``--baseline REV``, default main before the windowed replay), loaded from git
-as a module of its own. Each (implementation, trace) runs in a fresh child process, which reads the trace, then
+analysis at another git revision (``--baseline REV``, default main before the culprit decision read per-step
+sums; ``8ad1f74`` is the whole-trace replay), loaded from git as a module of its own (it runs with the current
+``analysis.replay``). Each (implementation, trace) runs in a fresh child process, which reads the trace, then
 measures its peak resident memory growth over the analysis alone (``ru_maxrss``: numpy and polars allocate
 outside tracemalloc's view) and its CPU seconds; the reports are compared in the same run (equal up to the
 last bits of polars' float sums, which vary from run to run in the baseline alone).
@@ -22,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BASELINE = "8ad1f74"  # main before the windowed replay (issue 16)
+BASELINE = "21616ba"  # main before the culprit decision read per-atom, per-step sums (issue 16)
 
 CHILD = """
 import importlib.util, json, resource, sys, time
@@ -70,7 +71,7 @@ def measure(path: Path, source: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, nargs="+", default=[45, 90])
-    parser.add_argument("--baseline", default=BASELINE, help="git revision of the whole-trace implementation")
+    parser.add_argument("--baseline", default=BASELINE, help="git revision of the implementation to compare with")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()))
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
@@ -84,22 +85,24 @@ def main() -> None:
     rows = []
     for steps in args.steps:
         path = trace(args.cache, steps)
-        whole = measure(path, str(baseline))
-        windowed = measure(path, "")
-        same = close(whole["report"], windowed["report"])
-        rows.append((steps, whole, windowed, same))
+        old = measure(path, str(baseline))
+        now = measure(path, "")
+        same = close(old["report"], now["report"])
+        rows.append((steps, old, now, same))
         print(
-            f"128 ranks x {steps} steps ({whole['rows']} rows): whole-trace {whole['cpu']:.2f} s CPU, "
-            f"+{whole['peak_mib']:.0f} MiB; windowed {windowed['cpu']:.2f} s CPU, +{windowed['peak_mib']:.0f} MiB; "
-            f"memory x{windowed['peak_mib'] / whole['peak_mib']:.2f}, CPU x{windowed['cpu'] / whole['cpu']:.2f}; "
+            f"128 ranks x {steps} steps ({old['rows']} rows): {args.baseline} {old['cpu']:.2f} s CPU, "
+            f"+{old['peak_mib']:.0f} MiB; now {now['cpu']:.2f} s CPU, +{now['peak_mib']:.0f} MiB; "
+            f"memory x{now['peak_mib'] / old['peak_mib']:.2f}, CPU x{now['cpu'] / old['cpu']:.2f}; "
             f"reports {'equal' if same else 'DIFFER'}",
             flush=True,
         )
     if len(rows) > 1:
         (s0, w0, v0, _), (s1, w1, v1, _) = rows[0], rows[-1]
         print(
-            f"{s0} -> {s1} steps: whole-trace peak x{w1['peak_mib'] / w0['peak_mib']:.2f}, "
-            f"windowed peak x{v1['peak_mib'] / v0['peak_mib']:.2f}"
+            f"{s0} -> {s1} steps: {args.baseline} peak x{w1['peak_mib'] / w0['peak_mib']:.2f}, "
+            f"now x{v1['peak_mib'] / v0['peak_mib']:.2f}; per added operation: {args.baseline} "
+            f"{(w1['peak_mib'] - w0['peak_mib']) * 2**20 / (w1['rows'] - w0['rows']):.0f} bytes, now "
+            f"{(v1['peak_mib'] - v0['peak_mib']) * 2**20 / (v1['rows'] - v0['rows']):.0f} bytes"
         )
 
 
