@@ -44,6 +44,13 @@ class Layout:
     forward_ms: float = 6.0  # one microbatch's forward compute on one stage
     backward_ms: float = 12.0
     optimizer_ms: float = 8.0
+    # Interleaved pipeline (Megatron's virtual stages): each rank holds ``virtual`` model chunks, the
+    # last stage's chunk c sends to the first stage's chunk c + 1 (the pipelines become rings).
+    virtual: int = 1
+    # ZeRO-3 / FSDP (no pipeline): parameters gathered per layer before its forward and its backward,
+    # gradients reduce-scattered per layer after its backward; 0 = the distributed optimizer's one
+    # all-gather and one reduce-scatter per step.
+    fsdp_layers: int = 0
 
     @property
     def world(self) -> int:
@@ -68,7 +75,10 @@ class Fault:
     ``forward``, ``backward`` or ``all``). kind ``comm``: transfers of ``group`` collectives
     (``dp``, ``tp``, ``cp``, ``pp`` for send/recv) that involve a selected rank take ``factor``
     times longer. kind ``late``: each selected rank waits ``delay_ms`` before its first
-    ``before`` operation (e.g. ``tp-all-reduce``) of every step.
+    ``before`` operation (e.g. ``tp-all-reduce``) of every step. ``spread``: the factor (or the
+    delay, as a share of it) varies from step to step, drawn uniformly within +-``spread`` of it
+    (a rank 2-8% slow: ``factor=1.05, spread=0.03``), from a generator of its own so that the job's
+    noise draws stay those of the same job without the fault.
     """
 
     kind: str
@@ -78,6 +88,7 @@ class Fault:
     group: str = ""
     delay_ms: float = 0.0
     before: str = ""
+    spread: float = 0.0
 
     def hits(self, layout: Layout, rank: int) -> bool:
         c = {**layout.coords(rank), "rank": rank}
@@ -158,6 +169,10 @@ def _program(layout: Layout, rank: int, step: int) -> list[list[_Op]]:
     send_b = lambda mb: p2p("backward-send", "b", mb, s - 1, True) if s > 0 else None  # noqa: E731
     recv_b = lambda mb: p2p("backward-recv", "b", mb, s + 1, False) if s < last else None  # noqa: E731
 
+    if layout.fsdp_layers:
+        return _fsdp_program(layout, step, coll, dp_pg, dp_ranks)
+    if layout.virtual > 1:
+        return _interleaved_program(layout, rank, step, coll, dp_pg, dp_ranks)
     if dp_ranks > 1:
         out.append([coll("params-all-gather", dp_pg, dp_ranks, 2.0)])
     # Megatron's 1F1B: warm-up forwards, steady state one forward one backward, cool-down backwards.
@@ -182,6 +197,110 @@ def _program(layout: Layout, rank: int, step: int) -> list[list[_Op]]:
         backward(mb)
         batch(send_b(mb))
     if layout.pp > 1 and s in (0, last):
+        out.append([coll("embedding-grads-all-reduce", f"emb:dp{c['dp']}cp{c['cp']}tp{c['tp']}", 2, 0.5)])
+    if dp_ranks > 1:
+        out.append([coll("grads-reduce-scatter", dp_pg, dp_ranks, 2.0)])
+    out.append([_Op("optimizer", "compute", layout.optimizer_ms * MS)])
+    return out
+
+
+def _fsdp_program(layout: Layout, step: int, coll, dp_pg: str, dp_ranks: int) -> list[list[_Op]]:
+    """ZeRO-3 / FSDP over the data-parallel ranks: per layer all-gather, compute, and in backward a reduce-scatter."""
+    if layout.pp > 1 or layout.tp > 1 or layout.cp > 1:
+        raise ValueError("fsdp_layers: a data-parallel-only layout")
+    n = layout.fsdp_layers
+    out: list[list[_Op]] = []
+    for _ in range(n):
+        out.append([coll("params-all-gather", dp_pg, dp_ranks, 1.2 / n * 4)])
+        out.append([_Op("forward-compute", "compute", layout.forward_ms * layout.microbatches / n * MS)])
+    for _ in range(n):
+        out.append([coll("params-all-gather", dp_pg, dp_ranks, 1.2 / n * 4)])
+        out.append([_Op("backward-compute", "compute", layout.backward_ms * layout.microbatches / n * MS)])
+        out.append([coll("grads-reduce-scatter", dp_pg, dp_ranks, 1.2 / n * 4)])
+    out.append([_Op("optimizer", "compute", layout.optimizer_ms * MS)])
+    return out
+
+
+def _interleaved_program(layout: Layout, rank: int, step: int, coll, dp_pg: str, dp_ranks: int) -> list[list[_Op]]:
+    """Megatron's interleaved 1F1B: ``virtual`` chunks per rank, virtual stage ``chunk * pp + stage``.
+
+    Forward k runs chunk ``(k // pp) % v`` of microbatch ``(k // (pp * v)) * pp + k % pp`` (backward k
+    the chunks in reverse); warm-up ``(pp - stage - 1) * 2 + (v - 1) * pp`` forwards, then one forward
+    one backward; each send is posted together with the next receive, as Megatron batches them.
+    """
+    c = layout.coords(rank)
+    s, pp, v, m = c["pp"], layout.pp, layout.virtual, layout.microbatches
+    if m % pp:
+        raise ValueError("interleaved schedule: microbatches must be a multiple of pp")
+    last_vs = pp * v - 1
+    pp_pg = f"pp:dp{c['dp']}cp{c['cp']}tp{c['tp']}"
+    out: list[list[_Op]] = []
+
+    def chunk_mb(k: int, backward: bool) -> tuple[int, int]:
+        chunk = (k % (pp * v)) // pp
+        return (v - 1 - chunk if backward else chunk), (k // (pp * v)) * pp + k % pp
+
+    def p2p(optype: str, direction: str, mb: int, src_vs: int, dst_vs: int, sending: bool) -> _Op:
+        other_vs = dst_vs if sending else src_vs
+        peer = layout.rank(c["tp"], c["cp"], c["dp"], other_vs % pp)
+        return _Op(
+            optype, "p2p", 0.4 * MS, key=(step, pp_pg, direction, mb, src_vs, dst_vs), members=2, peer=peer, pg=pp_pg
+        )
+
+    def tp_ar() -> None:
+        if layout.tp > 1:
+            out.append([coll("tp-all-reduce", f"tp:pp{s}dp{c['dp']}cp{c['cp']}", layout.tp, 0.2)])
+
+    total = m * v
+    items = []  # (backward?, k)
+    warm = min((pp - s - 1) * 2 + (v - 1) * pp, total)
+    items += [(False, k) for k in range(warm)]
+    for i in range(total - warm):
+        items += [(False, warm + i), (True, i)]
+    items += [(True, k) for k in range(total - warm, total)]
+
+    def recv_for(item: tuple[bool, int]) -> _Op | None:
+        back, k = item
+        chunk, mb = chunk_mb(k, back)
+        vs = chunk * pp + s
+        if not back and vs > 0:
+            return p2p("forward-recv", "f", mb, vs - 1, vs, False)
+        if back and vs < last_vs:
+            return p2p("backward-recv", "b", mb, vs + 1, vs, False)
+        return None
+
+    def send_after(item: tuple[bool, int]) -> _Op | None:
+        back, k = item
+        chunk, mb = chunk_mb(k, back)
+        vs = chunk * pp + s
+        if not back and vs < last_vs:
+            return p2p("forward-send", "f", mb, vs, vs + 1, True)
+        if back and vs > 0:
+            return p2p("backward-send", "b", mb, vs, vs - 1, True)
+        return None
+
+    if dp_ranks > 1:
+        out.append([coll("params-all-gather", dp_pg, dp_ranks, 2.0)])
+    first = recv_for(items[0])
+    if first is not None:
+        out.append([first])
+    for j, item in enumerate(items):
+        back, _ = item
+        out.append(
+            [
+                _Op(
+                    f"{'backward' if back else 'forward'}-compute",
+                    "compute",
+                    (layout.backward_ms if back else layout.forward_ms) / v * MS,
+                )
+            ]
+        )
+        tp_ar()
+        nxt = recv_for(items[j + 1]) if j + 1 < len(items) else None
+        got = [o for o in (send_after(item), nxt) if o is not None]
+        if got:
+            out.append(got)
+    if s in (0, pp - 1):
         out.append([coll("embedding-grads-all-reduce", f"emb:dp{c['dp']}cp{c['cp']}tp{c['tp']}", 2, 0.5)])
     if dp_ranks > 1:
         out.append([coll("grads-reduce-scatter", dp_pg, dp_ranks, 2.0)])
@@ -238,9 +357,25 @@ def generate(
     noise: float = 0.02,
     seed: int = 0,
     first_step: int = 100,
+    tail: float = 0.0,
 ) -> GeneratedJob:
-    """A trace of ``steps`` steps (labelled from ``first_step``) with its ground truth (module doc)."""
+    """A trace of ``steps`` steps (labelled from ``first_step``) with its ground truth (module doc).
+
+    ``tail``: heavy-tailed noise on top of the lognormal one: that share of operations (compute and
+    transfers) takes ``1 + 0.1 * X`` times longer, X Pareto-distributed (Lomax, shape 1.5: mean 2,
+    unbounded variance; one hiccup in a few hundred is 5x or more), drawn from a generator of its own.
+    """
     rng = np.random.default_rng(seed)
+    tails = np.random.default_rng([seed, 1])
+    # Per fault and step, the factor (or the share of the delay) that step gets: see ``Fault.spread``.
+    per_step = [
+        1.0
+        + np.random.default_rng([seed, 2, i]).uniform(-f.spread, f.spread, size=steps)
+        / (f.factor if f.kind != "late" else 1.0)
+        if f.spread > 0
+        else np.ones(steps)
+        for i, f in enumerate(faults)
+    ]
     n = layout.world
     programs: list[list[list[_Op]]] = []
     step_of: list[list[int]] = []
@@ -259,25 +394,29 @@ def generate(
         per_rank = []
         for ops in programs[r]:
             jitter = rng.lognormal(0.0, noise, size=len(ops)) if noise > 0 else np.ones(len(ops))
+            if tail > 0:
+                hit = tails.random(len(ops)) < tail
+                jitter = jitter * np.where(hit, 1.0 + 0.1 * tails.pareto(1.5, size=len(ops)), 1.0)
             per_rank.append([o.nominal * float(j) for o, j in zip(ops, jitter, strict=True)])
         observed.append(per_rank)
     faulty: set[int] = set()
     late: dict[tuple[int, int], float] = {}
-    for f in faults:
+    for f, scale in zip(faults, per_step, strict=True):
         hit = {r for r in range(n) if f.hits(layout, r)}
         faulty |= hit
         for r in hit:
             seen: set[int] = set()
             for b, ops in enumerate(programs[r]):
+                factor = f.factor * scale[step_of[r][b]]
                 for i, o in enumerate(ops):
                     if f.kind == "compute" and o.kind == "compute" and o.optype != "optimizer":
                         if f.phase == "all" or o.optype.startswith(f.phase):
-                            observed[r][b][i] *= f.factor
+                            observed[r][b][i] *= factor
                     elif f.kind == "comm" and o.kind != "compute" and o.pg.startswith(f.group + ":"):
-                        observed[r][b][i] *= f.factor
+                        observed[r][b][i] *= factor
                     elif f.kind == "late" and o.optype == f.before and step_of[r][b] not in seen:
                         seen.add(step_of[r][b])
-                        late[(r, b)] = f.delay_ms * MS
+                        late[(r, b)] = late.get((r, b), 0.0) + f.delay_ms * MS * scale[step_of[r][b]]
     # A transfer's time is one value for all its members: the slowest member's draw.
     for prog_ops, dur in ((programs, observed),):
         worst: dict[tuple, float] = {}
@@ -301,18 +440,19 @@ def generate(
     # The what-if study's ideal: each operation at its mean (no noise) over ranks and steps, per
     # operation and occurrence in the step; each gap at its mean between the same two operations.
     true = [[[d for d in b] for b in prog] for prog in nominal]
-    for f in faults:
+    for f, scale in zip(faults, per_step, strict=True):
         if f.kind in ("compute", "comm"):
             for r in range(n):
                 if not f.hits(layout, r):
                     continue
                 for b, ops in enumerate(programs[r]):
+                    factor = f.factor * scale[step_of[r][b]]
                     for i, o in enumerate(ops):
                         if f.kind == "compute" and o.kind == "compute" and o.optype != "optimizer":
                             if f.phase == "all" or o.optype.startswith(f.phase):
-                                true[r][b][i] *= f.factor
+                                true[r][b][i] *= factor
                         elif f.kind == "comm" and o.kind != "compute" and o.pg.startswith(f.group + ":"):
-                            true[r][b][i] *= f.factor
+                            true[r][b][i] *= factor
     dur_sum: dict[tuple, list[float]] = {}
     gap_sum: dict[tuple, list[float]] = {}
     places: list[list[tuple[list[tuple], tuple]]] = []
