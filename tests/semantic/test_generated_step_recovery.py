@@ -33,6 +33,13 @@ LAYOUTS = {
     "128 GPUs TP4xPP2xDP8xCP2": Layout(tp=4, pp=2, dp=8, cp=2),
     "64 GPUs DP8xPP8, 8 micro-batches": Layout(pp=8, dp=8, microbatches=8),
     "16 GPUs DP8xPP2, short optimizer, long backward": Layout(pp=2, dp=8, optimizer_ms=1.0, backward_ms=30.0),
+    # Layouts written after the method (bench/straggler_matrix.py --wide).
+    "64 GPUs TP8xPP4xDP2": Layout(tp=8, pp=4, dp=2),
+    # Virtual stages: the last stage sends to the first (each pipeline a ring of send/receive).
+    "32 GPUs TP2xPP8xDP2 interleaved, 2 chunks per rank": Layout(tp=2, pp=8, dp=2, microbatches=8, virtual=2),
+    # Context parallelism without TP: consecutive CP pairs, shaped like TP groups.
+    "32 GPUs PP2xDP8xCP2": Layout(pp=2, dp=8, cp=2),
+    "16 GPUs TP2xPP4xDP2, 3 micro-batches (fewer than the stages)": Layout(tp=2, pp=4, dp=2, microbatches=3),
 }
 
 

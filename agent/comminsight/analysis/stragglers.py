@@ -632,6 +632,57 @@ def _significant(extra: np.ndarray, pooled_sd: float = 0.0) -> bool:
     return float(extra.mean()) > max(NOISE_MULTIPLE * se, 0.0)
 
 
+def _first_of_union(
+    arrays: dict[str, np.ndarray],
+    cands: dict[str, _Candidate],
+    passing: dict[str, tuple[float, float, float]],
+    savings: dict[str, float],
+    top_name: str,
+    chosen: _Candidate,
+    current: np.ndarray,
+    threshold: float,
+) -> str | None:
+    """The first of two or more disjoint culprits that together explain the top, or None.
+
+    No single subset inside the top explains its saving, but several may: a slow rank and a slow
+    link of one stage make the stage the top (it holds both). Passing subsets strictly inside the
+    top, by saving, each disjoint from those taken, are taken until their union explains the top
+    as one subset would (its saving short of the top's by no more than noise in the rest of the
+    top) while holding fewer of the top's operations than the top itself (else the top is the
+    simpler answer: a slow stage, not its groups one by one). The largest is named now; the
+    others, which passed in this round, are found in the next rounds once it is removed.
+    """
+    top = cands[top_name]
+    parts = [
+        n
+        for n in sorted(passing, key=lambda n: -savings[n])
+        if n != top_name
+        and not (cands[n].work & ~top.work).any()
+        and not (cands[n].gap & ~top.gap).any()
+        and (cands[n].work.any() or cands[n].gap.any())
+    ]
+    taken: list[str] = []
+    work, gap = np.zeros_like(top.work), np.zeros_like(top.gap)
+    for n in parts:
+        c = cands[n]
+        if (c.work & work).any() or (c.gap & gap).any() or (c.ranks & {r for m in taken for r in cands[m].ranks}):
+            continue
+        taken.append(n)
+        work, gap = work | c.work, gap | c.gap
+        if len(taken) == 1:
+            continue  # one part alone was already weighed against the top
+        union = _run(arrays, [_Scenario(~(work | chosen.work), ~(gap | chosen.gap))])[0]
+        saving = float((current - union).mean())
+        atoms = (top.work | top.gap) & ~np.isin(arrays["atom_rank"], list(chosen.ranks))
+        rest = atoms & ~(work | gap)
+        allowance = max(np.sqrt(np.unique(arrays["atom_rank"][rest]).size) * threshold, passing[top_name][2])
+        if rest.any() and saving >= savings[top_name] - allowance:
+            return taken[0]
+        if len(taken) >= 3:
+            break
+    return None
+
+
 def _insufficient(df: pl.DataFrame) -> str | None:
     """Why the evidence cannot answer who is slow, or None when it can."""
     timed = df.filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
@@ -957,6 +1008,8 @@ def analyse_stragglers(
         name = min(
             inside, key=lambda n: (len(cands[n].ranks), int(arrays["atom_count"][cands[n].work].sum()), -savings[n])
         )
+        if name == top_name:
+            name = _first_of_union(arrays, cands, passing, savings, top_name, chosen, current, threshold) or name
         consistency = passing[name][1]
         c = cands[name]
         new_members = c.ranks - chosen.ranks
