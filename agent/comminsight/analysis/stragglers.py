@@ -31,7 +31,9 @@
    operations were slower than their peers' by more than the job's pooled noise; the smallest
    subset that explains the saving within noise is named (one late rank, not its TP group; a DP
    group, not one of its ranks; a slow link's communicator, not one end of it). Later rounds
-   count only the ranks not yet named (theirs carry the culprit's effects).
+   count only the ranks not yet named (theirs carry the culprit's effects). Candidates and
+   scenarios are unions of atoms (a rank's events of one communicator and kind, matched or not,
+   compute or not): the decision reads atom masks and per-atom, per-step sums, nothing per event.
    Without timings the report says the evidence is insufficient instead of guessing.
 """
 
