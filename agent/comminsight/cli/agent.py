@@ -8,7 +8,6 @@ import sys
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
-import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -81,6 +80,8 @@ def status_command(
 
     config = load_config(home=home)
     base = (url or f"http://{config.listen}").rstrip("/")
+    import httpx
+
     console = Console()
     try:
         with httpx.Client(timeout=5.0) as client:

@@ -10,11 +10,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from comminsight.analysis.hang import analyze_hang
-from comminsight.analysis.hang_report import render_text
 from comminsight.cli.errors import fail
 from comminsight.cli.importer import load_evidence
-from comminsight.evidence.process_groups import naming_of
 from comminsight.importers import EvidenceError
 
 
@@ -30,6 +27,10 @@ def hang_command(
     silence_s: float = typer.Option(60.0, help="A rank silent this long before the last event 'stopped reporting'"),
 ) -> None:
     """Find the stuck communicators and the ranks where progress stopped first."""
+    from comminsight.analysis.hang import analyze_hang
+    from comminsight.analysis.hang_report import render_text
+    from comminsight.evidence.process_groups import naming_of
+
     try:
         table = load_evidence(path, input_format)
     except EvidenceError as exc:

@@ -9,7 +9,6 @@ from rich.console import Console
 
 from comminsight import importers
 from comminsight.cli.errors import fail
-from comminsight.export import perfetto
 
 app = typer.Typer(help="Export evidence to other tools (Perfetto).", no_args_is_help=True)
 _err = Console(stderr=True)
@@ -22,6 +21,8 @@ def export_perfetto(
     fmt: str | None = typer.Option(None, "--format", help="Force an importer by name instead of detecting it"),
 ) -> None:
     """Write a Chrome JSON trace (open it in ui.perfetto.dev): a track per rank and stream, flows for P2P."""
+    from comminsight.export import perfetto
+
     try:
         table = importers.load(path, fmt)
     except importers.EvidenceError as exc:

@@ -19,7 +19,6 @@ from rich.console import Console
 from rich.table import Table
 
 from comminsight.cli.errors import fail
-from comminsight.formats import rawlog
 
 app = typer.Typer(help="Read the profiler's raw logs and shared-memory rings.", no_args_is_help=True)
 
@@ -75,6 +74,8 @@ def _zero_as_null(column: pa.Array) -> pa.Array:
 
 def operations_view(records: pa.Table) -> pa.Table:
     """The per-operation view of a records table: named states and kinds, peer/root split, 0 times as null."""
+    from comminsight.formats import rawlog
+
     if records.num_rows == 0:
         return pa.table({name: pa.array([], pa.null()) for name in SHOW_COLUMNS})
     records = records.combine_chunks()
@@ -125,6 +126,8 @@ def show(
     limit: int = typer.Option(0, "--limit", "-n", min=0, help="Print at most this many operations (0: all)."),
 ) -> None:
     """Print every operation recorded under PATH."""
+    from comminsight.formats import rawlog
+
     err = Console(stderr=True)
     try:
         files = rawlog.segment_files(path)
