@@ -39,12 +39,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from comminsight.analysis import replay as replay_module
+from comminsight.analysis.keyed_quantiles import keyed_quantiles
 from comminsight.analysis.replay import replay as _replay
 from comminsight.analysis.replay import run as _run
 from comminsight.analysis.replay import step_times as _step_times
@@ -308,6 +312,15 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     arrays["step_ids"] = st[order][cuts]
     arrays["step_index"] = np.searchsorted(arrays["step_ids"], st)
     arrays["step_begin"] = np.minimum.reduceat(step_start[order], cuts) if n else np.zeros(0)
+    # Windows of whole steps (positions in step order) over which the references are taken.
+    per_step = np.diff(np.r_[cuts, n]) if n else np.zeros(0, np.int64)
+    bounds, held = [0], 0
+    for i, size in enumerate(per_step.tolist()):
+        if held and held + size > replay_module.window_events():
+            bounds.append(int(cuts[i]))
+            held = 0
+        held += size
+    arrays["reference_windows"] = np.array([*bounds, n], np.int64)
     arrays["plan"] = None  # planned once the references are taken (_plan_replay)
     return ev.select("e"), arrays  # the replay needs nothing else of the frame
 
@@ -387,13 +400,22 @@ def _host_waits(
     return has_prev & waits[place] & (q >= prev_end)
 
 
-def _lower_quartile(key: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Per event, the lower quartile of ``values`` over every event with the same key.
+def _quantiles(arrays: dict[str, np.ndarray], key: np.ndarray, values: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
+    """Per event (rows) and quantile (columns): the ``q`` quantile of ``values`` over every event with the same key
+    (NaN if none), exact, from counting passes over windows of whole steps (``keyed_quantiles``): no pass holds
+    more than one window's values and, per key, a few intervals' worth.
 
-    The lower quartile, not the median: when half the peers are slow (one of two pipeline
+    The healthy job takes the lower quartile, not the median: when half the peers are slow (one of two pipeline
     stages), the median is half slow; the lower quartile still describes the healthy ones.
     """
-    return _quantile(key, values, 0.25)
+    order, bounds = arrays["step_order"], arrays["reference_windows"]
+
+    def parts() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for a, b in pairwise(bounds):
+            events = order[a:b]
+            yield key[events], values[events]
+
+    return keyed_quantiles(parts, int(key.max(initial=-1)) + 1, qs)[key]
 
 
 def _mean(key: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -402,15 +424,6 @@ def _mean(key: np.ndarray, values: np.ndarray) -> np.ndarray:
     m = frame.group_by("k").agg(pl.col("v").mean())
     out = np.full(int(key.max(initial=0)) + 1, np.nan)
     out[m.get_column("k").to_numpy()] = m.get_column("v").to_numpy()
-    return out[key]
-
-
-def _quantile(key: np.ndarray, values: np.ndarray, q: float) -> np.ndarray:
-    """Per event, the ``q`` quantile of ``values`` over every event with the same key (NaN if none)."""
-    frame = pl.DataFrame({"k": key, "v": values}).filter(pl.col("v").is_not_nan())
-    q = frame.group_by("k").agg(pl.col("v").quantile(q, "linear"))
-    out = np.full(int(key.max(initial=0)) + 1, np.nan)
-    out[q.get_column("k").to_numpy()] = q.get_column("v").to_numpy()
     return out[key]
 
 
@@ -423,15 +436,13 @@ def _ideal_inputs(arrays: dict[str, np.ndarray], stage: np.ndarray | None = None
     gap, work = arrays["gap"], arrays["work"]
     gap_ref = _stage_gap_reference(arrays, stage)
     if gap_ref is None:
-        q_gap = _lower_quartile(arrays["gap_key"], gap)
-        med_gap = _quantile(arrays["gap_key"], gap, 0.5)
+        q_gap, med_gap = _quantiles(arrays, arrays["gap_key"], gap, (0.25, 0.5)).T
         mean_gap = _mean(arrays["gap_key"], gap)
     else:
         q_gap, med_gap, mean_gap = gap_ref
-    q_work = _lower_quartile(arrays["work_key"], work)
+    q_work, med_work = _quantiles(arrays, arrays["work_key"], work, (0.25, 0.5)).T
     arrays["ideal_gap"] = np.where(np.isnan(q_gap), gap, np.minimum(gap, q_gap))
     arrays["ideal_work"] = np.where(np.isnan(q_work), work, np.minimum(work, q_work))
-    med_work = _quantile(arrays["work_key"], work, 0.5)
     arrays["excess_gap"] = np.nan_to_num(gap - med_gap)
     arrays["excess_work"] = np.nan_to_num(work - med_work)
     # Per rank and step: the rank's total excess. A candidate is compared with the ranks outside
@@ -488,7 +499,7 @@ def _stage_gap_reference(
         pl.struct("s", "k").rank("dense").cast(pl.Int64) - 1
     )
     key = key.to_series().to_numpy()
-    q, med, mean = _lower_quartile(key, gap), _quantile(key, gap, 0.5), _mean(key, gap)
+    (q, med), mean = _quantiles(arrays, key, gap, (0.25, 0.5)).T, _mean(key, gap)
     # Per (rank, step): the typical compute of the program it ran (operations posted together
     # share one gap: counted once); per stage, its median.
     head = np.zeros(gap.size, dtype=bool)
