@@ -59,6 +59,7 @@ from comminsight.semantic.roles import infer_coordinates, infer_roles
 COORDS = ("dp_rank", "pp_rank", "tp_rank", "cp_rank")
 NOISE_MULTIPLE = 3.0  # a culprit saves at least this many times the typical rank's saving
 NOISE_SAMPLE = 24  # single ranks replayed again in later culprit rounds, for the noise bar
+NULL_DRAWS = 256  # sets of ranks drawn from the reference to measure what a healthy set of that size shows
 TEMPORAL_SE = 2.0  # a rank set's median excess must exceed this many robust standard errors over steps
 REPLAY_COLUMNS = (
     "row",
@@ -332,6 +333,29 @@ _PLANNED += ("gap", "work", "ideal_gap", "ideal_work")
 # Per-event arrays read only while the references and the per-atom sums are taken (_ideal_inputs).
 _REFERENCES = ("partner", "matched", "rank", "work_key", "gap_key", "comm", "op_kind", "is_compute")
 _REFERENCES += ("excess_work", "excess_gap", "step_start")
+
+
+def _comms_without_peers(arrays: dict[str, np.ndarray]) -> set[str]:
+    """Communicators none of whose matched operations is compared with another communicator's.
+
+    A transfer's typical duration is that of the same operation (``work_key``) on every rank and
+    step; all members of one collective share one transfer, so for a communicator alone of its
+    kind (the one data-parallel group of a ZeRO/FSDP job) the only reference is its own transfers
+    in other steps. Whatever its noise, it then "saves" what separates its durations from their
+    lower quartile, consistently when the noise is skewed (a collective lasts as long as its
+    slowest member's hiccup: with heavy-tailed noise on 64 ranks, 1-2% of every step), and a slow
+    link on it is indistinguishable from its network's normal speed. Such a communicator is no
+    culprit candidate: no evidence separates it from the job's own noise. Its ranks still are.
+    """
+    matched = arrays["matched"] & ~arrays["is_compute"]
+    if not matched.any():
+        return set()
+    pairs = pl.DataFrame(
+        {"key": arrays["work_key"][matched], "comm": pl.Series(arrays["comm"][matched], dtype=pl.String)}
+    ).unique()
+    peers = pairs.group_by("key").agg(n=pl.len())
+    with_peers = pairs.join(peers.filter(pl.col("n") > 1), on="key", how="semi").get_column("comm").unique()
+    return set(pairs.get_column("comm").unique().to_list()) - set(with_peers.to_list())
 
 
 def _plan_replay(arrays: dict[str, np.ndarray]) -> None:
@@ -611,13 +635,32 @@ def _rank_excess(
         refs.append((int((member & (stage == s)).sum()), same if same.sum() >= 2 else outside))
     if not refs:
         refs = [(len(ranks), outside)]
-    typical = sum(k_s * np.median(per[ref], axis=0) for k_s, ref in refs)
-    resid = np.concatenate([per[ref] - np.median(per[ref], axis=0)[None, :] for _, ref in refs])
-    spread = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
-    # The set's own jitter plus that of the reference (a median of m ranks varies about 1.57 / m
-    # times one rank's variance), times the set's size.
     k, m = len(ranks), min(int(ref.sum()) for _, ref in refs)
-    return extra - typical, spread * np.sqrt(k + 1.57 * k * k / m)
+    if k == 1:
+        typical = sum(k_s * np.median(per[ref], axis=0) for k_s, ref in refs)
+        resid = np.concatenate([per[ref] - np.median(per[ref], axis=0)[None, :] for _, ref in refs])
+        spread = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
+        # The rank's own jitter plus that of the reference (a median of m ranks varies about 1.57 / m
+        # times one rank's variance).
+        return extra - typical, spread * np.sqrt(1 + 1.57 / m)
+    # A set of k ranks against sets of k ranks drawn from the reference (with replacement; a fixed
+    # seed keeps reports reproducible): per step, the median of such a set's total excess is the
+    # typical total, and the robust spread of those totals, pooled over steps, its noise. k times
+    # the median rank is not the typical total when the noise is skewed (heavy-tailed hiccups: a
+    # few operations many times longer): a sum of k ranks holds about k times the mean, above k
+    # times the median, and 16 ranks of a CP group of a job with no straggler once passed as
+    # slow; the spread of sums also carries the tail that one rank's robust spread leaves out.
+    rng = np.random.default_rng(0)
+    typical = np.zeros(per.shape[1])
+    variance = 0.0
+    for k_s, ref in refs:
+        pool = per[ref]
+        sums = pool[rng.integers(0, pool.shape[0], size=(NULL_DRAWS, k_s))].sum(axis=1)  # draws x steps
+        centre = np.median(sums, axis=0)
+        typical = typical + centre
+        variance += (1.4826 * float(np.median(np.abs(sums - centre[None, :])))) ** 2
+    # Plus the uncertainty of the reference itself (about 1.57 k / m of a set's variance).
+    return extra - typical, float(np.sqrt(variance * (1 + 1.57 * k / m)))
 
 
 def _significant(extra: np.ndarray, pooled_sd: float = 0.0) -> bool:
@@ -847,10 +890,12 @@ def analyse_stragglers(
             lookup[ranks_with] = stage_of
             stage = lookup[arrays["rank"]]
         _ideal_inputs(arrays, stage)
+        alone = _comms_without_peers(arrays)
         _plan_replay(arrays)
-        # Communicators are culprit candidates only when their transfers were slower than jitter.
+        # Communicators are culprit candidates only when their transfers were slower than jitter,
+        # and when something else says what they should take: see _comms_without_peers.
         for name in [n for n in cands if n.startswith("comm=")]:
-            if not _significant(_excess(arrays, cands[name].work, nothing)):
+            if name.removeprefix("comm=") in alone or not _significant(_excess(arrays, cands[name].work, nothing)):
                 del cands[name]
     names = list(cands)
     if subsets:
