@@ -1,4 +1,5 @@
-"""Partitioned vs whole-table analyses (hang, steps, perf) on a large synthetic store: time and peak memory per task.
+"""Partitioned vs whole-table analyses (hang, steps, perf; stragglers whole only) on a large synthetic store: time
+and peak memory per task.
 
 Writes a synthetic job into a store laid out as the site keeps it (``store/node-<n>/rank-<r>/s.parquet``):
 ``--ranks`` ranks, 8 per node, laid out TP 8 x PP 8 x DP (ranks / 64) (rank = dp * 64 + pp * 8 + tp). Each
@@ -14,13 +15,17 @@ written straight to its Parquet object. Then, in the same run:
                  ``comm_id`` filter from their members' files), then the reduce - for steps twice (stage 1's
                  maps and merge, then stage 2's); with 1 and 2 workers.
 
+Stragglers are not partitioned yet (docs/operators.md): ``--kinds stragglers`` runs the whole-table task alone,
+whose peak is then the per-task peak a site worker needs (the job has no step labels and no compute rows: steps
+are recovered, gaps are the compute).
+
 Tasks run in long-lived worker processes, as Celery's are (started and warmed up - libraries imported -
 before the clock starts); a worker's peak RSS over the tasks it ran bounds each of its tasks' peaks, the
 imported libraries included (~130 MiB). Checks that both ways give the same report (when the whole table
 ran), then prints times, peak RSS, per-partition cost and the ratios.
 
 Run: .venv/bin/python bench/partitioned_analysis.py [--ranks 256] [--ops 8192] [--partition-rows 500000]
-     [--kinds hang,steps,perf] [--no-whole]
+     [--kinds hang,steps,perf,stragglers] [--no-whole]
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ PERF_COLUMNS += ["enqueue_ns"]
 STUCK_RANK = 7
 READ_FILES = 256  # as apps.analysis.partitions reads a partition's files
 TP = 8
+WHOLE_ONLY = ("stragglers",)  # kinds that still run as one task over the whole store
 
 
 STEP_OPS = 64  # a step: 48 TP all-reduces, 15 DP all-reduces, 1 world all-reduce
@@ -167,6 +173,10 @@ def whole_task(kind: str, files: list[str]) -> tuple[str, float, float]:
             from comminsight.semantic import recover_steps
 
             return json.dumps(step_doc(recover_steps(table, compute_waits=True)), default=str)
+        if kind == "stragglers":
+            from comminsight.analysis.stragglers import analyse_stragglers
+
+            return json.dumps(analyse_stragglers(table).to_dict(), default=str)
         report = analyze_hang(table) if kind == "hang" else analyse_perf(table)
         return json.dumps(report, default=str)
 
@@ -416,6 +426,13 @@ def run_partitioned(
 TASK_LIMIT_MIB = 2048  # the issue's bound on any one task's peak memory
 
 
+def whole_only_task(kind: str, files: list[str]) -> tuple[str, float, float, float]:
+    """A kind that is not partitioned, in a fresh worker: (report, seconds, peak RSS before the task, peak RSS)."""
+    before = _peak_mib()
+    report, took, peak = whole_task(kind, files)
+    return report, took, before, peak
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=256)
@@ -440,6 +457,22 @@ def main() -> None:
         print(f"store: {args.ranks} ranks, {rows:,} operations, {store_mib:.0f} MiB Parquet (written in {took:.0f} s)")
         for kind in args.kinds.split(","):
             whole_report, whole_s, whole_peak = None, float("nan"), float("nan")
+            if kind in WHOLE_ONLY:
+                if args.no_whole:
+                    print(f"\n{kind}: not partitioned; left out with --no-whole")
+                    continue
+                with warm_pool(1, fresh=True) as pool:
+                    report, took, before, peak = pool.submit(whole_only_task, kind, files).result()
+                summary = json.loads(report)
+                print(
+                    f"\n{kind}: not partitioned, one task over the whole store: {took:.1f} s, peak {peak:.0f} MiB"
+                    f" (+{peak - before:.0f} MiB over the warmed worker's {before:.0f}:"
+                    f" {(peak - before) * 2**20 / rows:.0f} bytes per operation, the table read included);"
+                    f" {summary['slowdown']['steps']} steps, culprits {summary['culprits'][:8]},"
+                    f" ratio x{summary['slowdown']['ratio']:.3f}",
+                    flush=True,
+                )
+                continue
             if not args.no_whole:
                 with warm_pool(1) as pool:
                     t1 = time.perf_counter()
