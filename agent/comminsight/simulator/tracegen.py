@@ -51,6 +51,9 @@ class Layout:
     # gradients reduce-scattered per layer after its backward; 0 = the distributed optimizer's one
     # all-gather and one reduce-scatter per step.
     fsdp_layers: int = 0
+    # Hybrid sharding (HSDP): parameters sharded over groups of ``fsdp_shard`` consecutive ranks, the
+    # gradients of each layer then all-reduced across the groups (0: one group of every rank).
+    fsdp_shard: int = 0
 
     @property
     def world(self) -> int:
@@ -61,7 +64,7 @@ class Layout:
         tp, rest = rank % self.tp, rank // self.tp
         cp, rest = rest % self.cp, rest // self.cp
         dp, pp = rest % self.dp, rest // self.dp
-        return {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+        return {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "shard": dp // self.fsdp_shard if self.fsdp_shard else 0}
 
     def rank(self, tp: int, cp: int, dp: int, pp: int) -> int:
         return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
@@ -170,7 +173,7 @@ def _program(layout: Layout, rank: int, step: int) -> list[list[_Op]]:
     recv_b = lambda mb: p2p("backward-recv", "b", mb, s + 1, False) if s < last else None  # noqa: E731
 
     if layout.fsdp_layers:
-        return _fsdp_program(layout, step, coll, dp_pg, dp_ranks)
+        return _fsdp_program(layout, rank, step, coll, dp_pg, dp_ranks)
     if layout.virtual > 1:
         return _interleaved_program(layout, rank, step, coll, dp_pg, dp_ranks)
     if dp_ranks > 1:
@@ -204,19 +207,27 @@ def _program(layout: Layout, rank: int, step: int) -> list[list[_Op]]:
     return out
 
 
-def _fsdp_program(layout: Layout, step: int, coll, dp_pg: str, dp_ranks: int) -> list[list[_Op]]:
-    """ZeRO-3 / FSDP over the data-parallel ranks: per layer all-gather, compute, and in backward a reduce-scatter."""
+def _fsdp_program(layout: Layout, rank: int, step: int, coll, dp_pg: str, dp_ranks: int) -> list[list[_Op]]:
+    """ZeRO-3 / FSDP over the data-parallel ranks: per layer all-gather, compute, and in backward a reduce-scatter.
+
+    With ``fsdp_shard`` (HSDP) the all-gathers and reduce-scatters run in the rank's shard group and
+    each layer's reduced gradients are then all-reduced across the shard groups."""
     if layout.pp > 1 or layout.tp > 1 or layout.cp > 1:
         raise ValueError("fsdp_layers: a data-parallel-only layout")
-    n = layout.fsdp_layers
+    n, size = layout.fsdp_layers, layout.fsdp_shard or dp_ranks
+    if dp_ranks % size:
+        raise ValueError("fsdp_shard must divide the data-parallel ranks")
+    shard_pg = f"dp:shard{rank // size}" if layout.fsdp_shard else dp_pg
     out: list[list[_Op]] = []
     for _ in range(n):
-        out.append([coll("params-all-gather", dp_pg, dp_ranks, 1.2 / n * 4)])
+        out.append([coll("params-all-gather", shard_pg, size, 1.2 / n * 4)])
         out.append([_Op("forward-compute", "compute", layout.forward_ms * layout.microbatches / n * MS)])
     for _ in range(n):
-        out.append([coll("params-all-gather", dp_pg, dp_ranks, 1.2 / n * 4)])
+        out.append([coll("params-all-gather", shard_pg, size, 1.2 / n * 4)])
         out.append([_Op("backward-compute", "compute", layout.backward_ms * layout.microbatches / n * MS)])
-        out.append([coll("grads-reduce-scatter", dp_pg, dp_ranks, 1.2 / n * 4)])
+        out.append([coll("grads-reduce-scatter", shard_pg, size, 1.2 / n * 4)])
+        if size < dp_ranks:
+            out.append([coll("grads-all-reduce", f"dpr:{rank % size}", dp_ranks // size, 0.6 / n * 4)])
     out.append([_Op("optimizer", "compute", layout.optimizer_ms * MS)])
     return out
 
