@@ -72,3 +72,18 @@ def test_heavy_tailed_noise_without_a_straggler_names_no_one(name: str, seed: in
     report = _analyse(job, tmp_path)
     assert report.culprit_groups == []
     assert abs(report.slowdown["ratio"] / job.truth["slowdown_vs_mean"] - 1.0) <= TOLERANCE
+
+
+def test_a_slow_link_inside_one_shard_group_of_a_data_parallel_only_job_is_named_with_its_cost(
+    tmp_path: Path,
+) -> None:
+    # 64 ranks, hybrid sharding over groups of 8: the all-gathers and reduce-scatters of shard group 0
+    # transfer 4x slower. The other seven shard groups say what those collectives should take.
+    layout = Layout(dp=64, fsdp_layers=8, fsdp_shard=8)
+    link = Fault("comm", {"shard": 0}, factor=4.0, group="dp")
+    job, clean = generate(layout, steps=5, faults=(link,), seed=1), generate(layout, steps=5, seed=1)
+    report = _analyse(job, tmp_path)
+    assert [g["group"] for g in report.culprit_groups] == ["comm=dp:shard0"]
+    assert sorted(report.culprits) == job.truth["culprits"] == list(range(8))
+    cost_ms = (job.truth["observed_step_s"] - clean.truth["observed_step_s"]) * 1e3
+    assert abs(report.culprit_groups[0]["saves_ms_per_step"] / cost_ms - 1.0) <= TOLERANCE
