@@ -51,6 +51,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -77,7 +78,10 @@ def percentile(values: list[float], q: float) -> float:
 def upload(client: httpx.Client, base: str, data: bytes, chunk: int) -> tuple[float, float, int]:
     """(seconds appending all chunks, seconds finalizing, chunk size used); create and checksums are excluded."""
     body = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "filename": "ci-bench-n1-0-1.tar.zst"}
-    created = client.post(base + "uploads/", json=body).json()
+    response = client.post(base + "uploads/", json=body)
+    if response.status_code >= 300 or not response.headers.get("content-type", "").startswith("application/json"):
+        raise RuntimeError(f"upload create answered {response.status_code}: {response.text[:300]!r}")
+    created = response.json()
     upload_id = created["upload_id"]
     chunk = min(chunk, int(created["max_chunk"]))  # the agent's rule (comminsight.agent.uploader)
     url = f"{base}uploads/{upload_id}/"
@@ -235,6 +239,21 @@ def measure(
     """Start the site of ``tree`` (streaming on or off), run the upload and (unless ``crowd`` is off) the crowd
     against it, stop it."""
     port = free_port()
+    with tempfile.TemporaryFile() as log:  # the server's messages, shown if the run fails
+        return _measure(env, args, token, data, streaming, crowd, tree, port, log)
+
+
+def _measure(
+    env: dict[str, str],
+    args: argparse.Namespace,
+    token: str,
+    data: bytes,
+    streaming: bool,
+    crowd: bool,
+    tree: Path,
+    port: int,
+    log: Any,
+) -> dict:
     server = subprocess.Popen(
         [
             sys.executable,
@@ -244,7 +263,7 @@ def measure(
         cwd=tree,
         env={**env, "COMMINSIGHT_SERVER_STREAM_BODIES": "1" if streaming else "0"},
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=log,
     )
     try:
         base = f"http://127.0.0.1:{port}/api/v1/ingest/"
@@ -287,6 +306,10 @@ def measure(
             "crowd": requests,
             "errors": errors,
         }
+    except Exception:
+        log.seek(0)
+        print(f"server log ({tree}):\n" + log.read().decode(errors="replace")[-4000:], file=sys.stderr)
+        raise
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -452,6 +475,7 @@ def report(args: argparse.Namespace, runs: dict[bool, list[dict]], floors: list[
         + ("; with Redis" if os.environ.get("BENCH_REDIS_URL") else "; no Redis")
     )
     summary: dict[bool, dict[str, float]] = {}
+    spread: dict[bool, dict[str, tuple[float, float]]] = {}
     for new in (False, True):
         rows = []
         for run in runs[new]:
@@ -486,6 +510,7 @@ def report(args: argparse.Namespace, runs: dict[bool, list[dict]], floors: list[
                     f"p99 {percentile(kind_times, 0.99) * 1e3:7.1f} ms"
                 )
         summary[new] = {k: statistics.median([r[k] for r in rows]) for k in rows[0]}
+        spread[new] = {k: (min(r[k] for r in rows), max(r[k] for r in rows)) for k in rows[0]}
     old, new_ = summary[False], summary[True]
     a, b = label[False], label[True]
     print(
@@ -513,6 +538,18 @@ def report(args: argparse.Namespace, runs: dict[bool, list[dict]], floors: list[
         f"CPU per crowd request besides the server: agents (this process) {a} {old['client_req']:.2f} ms   "
         f"{b} {new_['client_req']:.2f} ms;  PostgreSQL backends {a} {old['database_req']:.2f} ms   "
         f"{b} {new_['database_req']:.2f} ms"
+    )
+    print(
+        "spread over runs (min-max): server CPU per crowd request "
+        + "   ".join(
+            f"{label[n]} {spread[n]['cpu_req'][0]:.2f}-{spread[n]['cpu_req'][1]:.2f} ms" for n in (False, True)
+        )
+        + ";  p99 "
+        + "   ".join(
+            f"{label[n]} {spread[n]['p99'][0] * 1e3:.0f}-{spread[n]['p99'][1] * 1e3:.0f} ms" for n in (False, True)
+        )
+        + ";  upload "
+        + "   ".join(f"{label[n]} {spread[n]['mbps'][0]:.1f}-{spread[n]['mbps'][1]:.1f} MB/s" for n in (False, True))
     )
     floor = [t for run in floors for _, t in run]
     print(

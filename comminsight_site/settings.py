@@ -335,6 +335,9 @@ DEFAULT_ARCHIVE_PATH = env.str(
 # The demo job's timing (apps/workloads/demo.py DemoPlan fields as JSON): tests shorten it for a served site.
 DEMO_PLAN = env.json("COMMINSIGHT_DEMO_PLAN", default={})
 WORKLOAD_LOST_AFTER_S = env.int("COMMINSIGHT_WORKLOAD_LOST_AFTER_S", default=300)
+# Heartbeats answered ahead of Django tell open pages at most once per this many seconds per workload (and the
+# list pages once for all), the latest state at the end of the interval; a status change at once (live.py).
+LIVE_PUBLISH_INTERVAL_S = env.float("COMMINSIGHT_LIVE_PUBLISH_INTERVAL_S", default=1.0)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 # Every JSON input (API bodies, archive members) is parsed with these limits (comminsight.formats.boundedjson).
 API_JSON_MAX_BYTES = max(DATA_UPLOAD_MAX_MEMORY_SIZE, INGEST_LIVE_MAX_BYTES)

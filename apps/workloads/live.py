@@ -19,8 +19,10 @@ worker; the merged answer (``root_cause.merged``) then stands for the workload u
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -139,15 +141,20 @@ def _status(
     return WorkloadStatus.RUNNING
 
 
-def live_record_heartbeat(*, token: AgentToken, heartbeat: dict[str, Any]) -> Workload:
+def live_record_heartbeat(
+    *, token: AgentToken, heartbeat: dict[str, Any], publish: Callable[[Workload], None] | None = None
+) -> Workload:
     """Keep ``heartbeat`` as its node's latest and recompute the workload's status. ``heartbeat`` is validated.
+
+    Open pages are told with ``publish_status`` once the heartbeat committed; a caller with a better way
+    passes ``publish`` instead (the agents' path ahead of Django: ``HeartbeatPublisher`` on its event loop).
 
     Its ``evidence`` (diagnosis records) goes to the cache, not the heartbeat row; once the workload is hung
     and two or more nodes sent evidence, the root cause is merged across them in a worker.
 
-    A node heard from before costs four statements on a bare cursor (``comminsight_site.rows``): read the
-    workload, keep the heartbeat, read the nodes' fresh heartbeats, write the workload's status and summary.
-    The first heartbeat of a workload or node creates them through the ORM."""
+    A node heard from before costs three statements on a bare cursor (``comminsight_site.rows``): keep the
+    heartbeat and read the workload (one statement; two on SQLite), read the nodes' fresh heartbeats, write the
+    workload's status and summary. The first heartbeat of a workload or node creates them through the ORM."""
     now = timezone.now()
     heartbeat = dict(heartbeat)
     evidence = heartbeat.pop("evidence", None)
@@ -156,18 +163,20 @@ def live_record_heartbeat(*, token: AgentToken, heartbeat: dict[str, Any]) -> Wo
     # locked only while its UPDATE runs, not while this thread waits for the CPU between statements (50 nodes'
     # heartbeats would queue behind it). Each heartbeat sees its own node's latest and every committed other; a
     # concurrent one is counted at the next beat, and a heartbeat that fails halfway is mended by the next.
-    workload = rows.select_one(
-        Workload,
-        f"t.{rows.column(Workload, 'owner')} = %s AND t.{rows.column(Workload, 'external_id')} = %s",
-        [token.owner_id, heartbeat["workload_id"]],
-    )
-    if workload is None:
-        workload, _ = Workload.objects.get_or_create(
-            owner=token.owner,
-            external_id=heartbeat["workload_id"],
-            defaults={"name": heartbeat["workload_id"], "first_seen_at": now},
+    workload = _known_node_keep_heartbeat(token.owner_id, heartbeat, now)
+    if workload is None:  # SQLite, or the workload's or the node's first heartbeat
+        workload = rows.select_one(
+            Workload,
+            f"t.{rows.column(Workload, 'owner')} = %s AND t.{rows.column(Workload, 'external_id')} = %s",
+            [token.owner_id, heartbeat["workload_id"]],
         )
-    _node_keep_heartbeat(workload, heartbeat, now)
+        if workload is None:
+            workload, _ = Workload.objects.get_or_create(
+                owner=token.owner,
+                external_id=heartbeat["workload_id"],
+                defaults={"name": heartbeat["workload_id"], "first_seen_at": now},
+            )
+        _node_keep_heartbeat(workload, heartbeat, now)
     latest = _fresh_heartbeats(workload.pk, fresh_since)
     summary = live_summary(latest)
     workload.status = _status(latest, summary, workload.status, workload.live_summary)
@@ -178,7 +187,8 @@ def live_record_heartbeat(*, token: AgentToken, heartbeat: dict[str, Any]) -> Wo
     workload.updated_at = now
     # Only the live fields: ingest updates the time range of the same row concurrently.
     _workload_keep_live(workload)
-    transaction.on_commit(lambda: publish_status(workload))
+    tell = publish or publish_status
+    transaction.on_commit(lambda: tell(workload))
     if evidence:
         _evidence_keep(workload, heartbeat["node"], evidence)
     heartbeat_recorded.send_robust(Workload, workload=workload, node=heartbeat["node"], heartbeat=heartbeat, at=now)
@@ -192,6 +202,27 @@ def _heartbeat_fields(heartbeat: dict[str, Any], now: Any) -> dict[str, Any]:
         if heartbeat.get(name):
             fields[name] = heartbeat[name]
     return fields
+
+
+def _known_node_keep_heartbeat(owner_id: int, heartbeat: dict[str, Any], now: Any) -> Workload | None:
+    """On PostgreSQL, store ``heartbeat`` as the latest of a node heard from before and read its workload, in one
+    statement (``UPDATE node … FROM workload … RETURNING`` the workload's row as it was; only the node's row is
+    locked); None when there is no such node yet, or on SQLite (whose RETURNING cannot name the FROM table)."""
+    if connection.vendor != "postgresql":
+        return None
+    fields = _heartbeat_fields(heartbeat, now)
+    assignments = ", ".join(f"{rows.column(Node, name)} = %s" for name in fields)
+    sql = (
+        f"UPDATE {rows.table(Node)} AS n SET {assignments} FROM {rows.table(Workload)} AS t "  # noqa: S608
+        f"WHERE n.{rows.column(Node, 'workload')} = t.{rows.column(Workload, 'id')} "
+        f"AND t.{rows.column(Workload, 'owner')} = %s AND t.{rows.column(Workload, 'external_id')} = %s "
+        f"AND n.{rows.column(Node, 'name')} = %s RETURNING {rows.columns(Workload, 't')}"
+    )
+    params = [rows.param(Node, name, value) for name, value in fields.items()]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, owner_id, heartbeat["workload_id"], heartbeat["node"]])
+        found = cursor.fetchone()
+    return None if found is None else rows.row(Workload, found)
 
 
 def _node_keep_heartbeat(workload: Workload, heartbeat: dict[str, Any], now: Any) -> None:
@@ -271,6 +302,112 @@ def publish_status(workload: Workload) -> None:
 
     message = {"type": "workload.status", "status": workload.status, "summary": workload.live_summary}
     _group_send((workload_group(workload.pk), message), (LIST_GROUP, {"type": "workloads.changed"}))
+
+
+class HeartbeatPublisher:
+    """Tells open pages of the heartbeats answered on an event loop, coalesced per workload.
+
+    Every heartbeat of a job's nodes recomputes the same workload's status and summary; telling the pages of
+    each one cost more server time than storing it (a channel-layer round trip per group, two groups, from a
+    thread: a new event loop each time) and had every open list page re-read the list ten times a second for
+    a job of 50 nodes. Here a workload's page is told at once when nothing was sent for it in the last
+    ``interval_s`` seconds (``COMMINSIGHT_LIVE_PUBLISH_INTERVAL_S``) or when its status changed, else once at
+    the end of that interval with the latest status and summary (never older than ``interval_s``); the list
+    pages are told the same way, at most once per interval for all workloads. Sends happen on the loop (the
+    server's, where the channel layer keeps its connections), one after the other in the order decided.
+    State is per event loop (a new loop starts afresh) and per process: with
+    several workers each coalesces its own heartbeats."""
+
+    def __init__(self, interval_s: float | None = None) -> None:
+        self._interval_s = interval_s
+        self._start(None)
+
+    @property
+    def interval_s(self) -> float:
+        """Seconds; by default ``COMMINSIGHT_LIVE_PUBLISH_INTERVAL_S``."""
+        return settings.LIVE_PUBLISH_INTERVAL_S if self._interval_s is None else self._interval_s
+
+    def _start(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._loop = loop
+        self._sent: dict[int, tuple[float, str]] = {}  # workload -> (loop time sent, status sent)
+        self._pending: dict[int, dict[str, Any]] = {}  # workload -> latest message not yet sent
+        self._list_sent = float("-inf")
+        self._list_pending = False
+        self._sending = asyncio.Lock()  # sends in the order decided (the lock wakes its waiters first come)
+        self._flushes: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)
+
+    async def heartbeat(self, workload_id: int, status: str, summary: Any) -> None:
+        """A heartbeat of ``workload_id`` left it with ``status`` and ``summary`` (call on the loop)."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._start(loop)  # a new loop: nothing of the old one's holds (its timers are gone)
+        now = loop.time()
+        self._forget_old(now)
+        message = {"type": "workload.status", "status": status, "summary": summary}
+        sent = self._sent.get(workload_id)
+        changed = sent is None or sent[1] != status
+        if changed or now - sent[0] >= self.interval_s:
+            self._pending.pop(workload_id, None)
+            self._sent[workload_id] = (now, status)
+            await self._send(self._workload_messages(workload_id, message, now, urgent=changed))
+            return
+        if workload_id not in self._pending:
+            loop.call_at(sent[0] + self.interval_s, self._flush, workload_id)
+        self._pending[workload_id] = message
+
+    def _workload_messages(
+        self, workload_id: int, message: dict[str, Any], now: float, *, urgent: bool
+    ) -> list[tuple[str, dict[str, Any]]]:
+        from .consumers import LIST_GROUP, workload_group
+
+        out = [(workload_group(workload_id), message)]
+        if urgent or now - self._list_sent >= self.interval_s:
+            self._list_sent, self._list_pending = now, False
+            out.append((LIST_GROUP, {"type": "workloads.changed"}))
+        elif not self._list_pending:
+            self._list_pending = True
+            asyncio.get_running_loop().call_at(self._list_sent + self.interval_s, self._flush_list)
+        return out
+
+    def _flush(self, workload_id: int) -> None:
+        message = self._pending.pop(workload_id, None)
+        if message is None:  # sent meanwhile (a status change)
+            return
+        now = asyncio.get_running_loop().time()
+        self._sent[workload_id] = (now, message["status"])
+        self._chain(self._workload_messages(workload_id, message, now, urgent=False))
+
+    def _flush_list(self) -> None:
+        from .consumers import LIST_GROUP
+
+        if self._list_pending:
+            self._list_sent, self._list_pending = asyncio.get_running_loop().time(), False
+            self._chain([(LIST_GROUP, {"type": "workloads.changed"})])
+
+    def _chain(self, messages: list[tuple[str, dict[str, Any]]]) -> None:
+        task = asyncio.get_running_loop().create_task(self._send(messages))
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def _send(self, messages: list[tuple[str, dict[str, Any]]]) -> None:
+        """Send after whatever was decided before (never fails: a broken channel layer must not lose data)."""
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        async with self._sending:
+            for group, message in messages:
+                try:
+                    await layer.group_send(group, message)
+                except Exception:
+                    logger.exception("could not publish to %s", group)
+
+    def _forget_old(self, now: float) -> None:
+        """Drop what was sent for workloads not heard from for a while (bounded memory on a long-lived server)."""
+        if len(self._sent) > 1024:
+            horizon = now - max(60.0, 10 * self.interval_s)
+            self._sent = {w: s for w, s in self._sent.items() if s[0] >= horizon or w in self._pending}
 
 
 def publish_workload_changed(workload_id: int) -> None:

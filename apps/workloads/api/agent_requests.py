@@ -6,7 +6,7 @@ Through Django each of these paid for the whole request machinery — eleven mid
 request for the sync view (asgiref's per-request executor) and DRF's negotiation — several times the cost
 of the database work itself. Here a request costs one hop to the thread pool, where the API view's own
 pieces run in the view's order: allowed host, agent listener, agent token (``agent_token_authenticate``),
-ingest scope, rate (``ScopedRateThrottle``), the view's size check, the API's bounded JSON parser, the
+ingest scope, rate (``IngestRateThrottle``), the view's size check, the API's bounded JSON parser, the
 view's serializer, then the same ``uploads``/``live`` function. Answers are rendered by DRF's
 ``JSONRenderer`` with the headers Django's middlewares add, so agents cannot tell the two paths apart
 (``tests/site/test_ingest_agent_requests.py`` compares every answer with the view's).
@@ -41,6 +41,7 @@ from apps.accounts.middleware import INGEST_PREFIX
 from apps.accounts.models import AgentToken, AgentTokenScope
 from apps.accounts.services import agent_token_authenticate
 from apps.workloads import live, uploads
+from apps.workloads.models import Workload
 from comminsight_site.parsers import BoundedJSONParser
 
 from . import ingest
@@ -60,12 +61,18 @@ class Delegate(Exception):
 
 
 class Answer:
-    """A response: status, JSON data (or None for an empty body), extra headers."""
+    """A response: status, JSON data (or None for an empty body), extra headers; for a stored heartbeat, the
+    workload as it left it (id, status, summary), told to open pages once the answer is sent."""
 
-    __slots__ = ("data", "headers", "status")
+    __slots__ = ("data", "headers", "status", "workload")
 
     def __init__(self, status: int, data: Any = None, headers: list[tuple[bytes, bytes]] | None = None) -> None:
         self.status, self.data, self.headers = status, data, headers or []
+        self.workload: tuple[int, str, Any] | None = None
+
+
+# Heartbeats tell open pages from the event loop, coalesced per workload (live.HeartbeatPublisher).
+PUBLISHER = live.HeartbeatPublisher()
 
 
 def _allow(view: type) -> bytes:
@@ -148,6 +155,8 @@ class AgentRequestsApp:
             await self.app(scope, _replay(body, receive), send)
             return
         await _respond(send, answer, [(b"allow", ALLOW[kind]), *middleware_headers(scheme)])
+        if answer.workload is not None:
+            await PUBLISHER.heartbeat(*answer.workload)
 
 
 def _route(scope: Scope) -> tuple[str | None, uuid.UUID | None]:
@@ -262,8 +271,12 @@ def _create(token: AgentToken, data: Any) -> Answer:
 def _heartbeat(token: AgentToken, data: Any) -> Answer:
     body = ingest.HeartbeatSerializer(data=data)
     body.is_valid(raise_exception=True)
-    workload = live.live_record_heartbeat(token=token, heartbeat=body.validated_data)
-    return Answer(202, {"status": workload.status})
+    stored: list[Workload] = []
+    workload = live.live_record_heartbeat(token=token, heartbeat=body.validated_data, publish=stored.append)
+    answer = Answer(202, {"status": workload.status})
+    if stored:  # committed (each statement commits on its own; a caller's transaction would defer it)
+        answer.workload = (workload.pk, workload.status, workload.live_summary)
+    return answer
 
 
 RENDERER = JSONRenderer()

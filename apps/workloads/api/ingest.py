@@ -15,7 +15,6 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import parsers, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.utils.serializer_helpers import BindingDict
 from rest_framework.views import APIView
 
@@ -24,6 +23,8 @@ from apps.workloads import live, uploads
 from apps.workloads.models import Archive, Upload
 from comminsight_site.fields import StrictBooleanField, StrictCharField, StrictIntegerField, StrictRegexField
 from comminsight_site.permissions import MethodAllowed
+
+from .throttling import IngestRateThrottle
 
 ArchiveDone = inline_serializer(
     "ArchiveDone",
@@ -145,7 +146,7 @@ def _content_length(request: Request) -> int:
 class IngestView(APIView):
     authentication_classes = [AgentTokenAuthentication]
     permission_classes = [MethodAllowed, HasIngestToken]
-    throttle_classes = [ScopedRateThrottle]
+    throttle_classes = [IngestRateThrottle]
     throttle_scope = "ingest"
 
 

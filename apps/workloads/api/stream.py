@@ -28,13 +28,14 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.http.request import split_domain_port, validate_host
 from rest_framework import exceptions
-from rest_framework.throttling import ScopedRateThrottle
 
 from apps.accounts.authentication import UNKNOWN_TOKEN, MalformedBearer, bearer_credential
 from apps.accounts.middleware import INGEST_PREFIX, _port
 from apps.accounts.models import AgentTokenScope
 from apps.accounts.services import agent_token_authenticate
 from apps.workloads import uploads
+
+from .throttling import IngestRateThrottle
 
 WRITE_BATCH_BYTES = 1 << 20
 # Hashing and writing large chunk bodies; one batch of one request at a time each.
@@ -200,9 +201,9 @@ def _chunk_begin(headers: dict[str, str], upload_id: uuid.UUID) -> uploads.Chunk
 
 
 def throttle_wait(owner: Any) -> float | None | Literal[False]:
-    """The ingest views' rate limit (``ScopedRateThrottle``, scope ``ingest``) for a request of ``owner``:
+    """The ingest views' rate limit (``IngestRateThrottle``, scope ``ingest``) for a request of ``owner``:
     False when allowed (and counted), else the seconds to wait (None: unknown)."""
-    throttle = ScopedRateThrottle()
+    throttle = IngestRateThrottle()
     if throttle.allow_request(SimpleNamespace(user=owner, META={}), SimpleNamespace(throttle_scope="ingest")):
         return False
     return throttle.wait()
