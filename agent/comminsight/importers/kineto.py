@@ -27,10 +27,9 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from functools import lru_cache
 from itertools import chain, compress, repeat
-from operator import attrgetter, eq, or_
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -565,7 +564,6 @@ def _compact(event: Any) -> Any:
 # ---- the fast path: whole runs of events decoded by msgspec into typed structs -----------------
 
 _UNSET: Any = msgspec.UNSET
-_NAME, _CAT = attrgetter("name"), attrgetter("cat")
 
 
 def _arg(key: str) -> Any:
@@ -640,24 +638,11 @@ def _args(raw: Any) -> Any:
     return {k: v for k, v in zip(_ARG_NAMES, msgspec.structs.astuple(args), strict=True) if v is not _UNSET}
 
 
-def _candidates(items: list) -> Iterable[Any]:
-    """The events of ``items`` that are kernels or carry a name the table reads, in order: found by
-    C-level passes (a few percent of a trace's events are looked at one by one)."""
-    names = list(map(_NAME, items))
-    try:
-        distinct = set(names)
-    except TypeError:  # a name that is an array or an object: every event is looked at
-        return items
-    wanted = {n for n in distinct if type(n) is str and (n == "record_param_comms" or n.startswith("ProfilerStep#"))}
-    kernel = map(eq, map(_CAT, items), repeat("kernel"))
-    return compress(items, map(or_, kernel, map(wanted.__contains__, names)))
-
-
 def _selected(items: list) -> list[dict]:
     """The events the table could use (a superset of those ``_load_one`` takes), each as ``_compact``
     gives it from the whole-object parse."""
     kept = []
-    for event in _candidates(items):
+    for event in items:
         if type(event) is not _Event or type(name := event.name) is not str:
             continue
         args = _UNSET
