@@ -20,6 +20,7 @@ HTA is a benchmark-only dependency (requirements/bench.txt); without it the comp
 with a message and only CommInsight is timed.
 
     .venv/bin/python bench/stragglers.py [--traces DIR | --synthetic [--ranks 8] [--steps 20] [--slow-rank 5]]
+        [--rounds 9] [--cold-rounds 5]  (cold: each tool in a fresh process, imports included)
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -338,6 +340,55 @@ def report(trace_dir: Path, truth: str, rounds: int, hta_dir: Path | None = None
     )
 
 
+_HTA_SCRIPT = (
+    "import sys\n"
+    "from hta.trace_analysis import TraceAnalysis\n"
+    "print(TraceAnalysis(trace_dir=sys.argv[1]).get_potential_stragglers(num_candidates=1))\n"
+)
+
+
+def _timed_process(argv: list[str]) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds of the process and its children, stdout) of one fresh process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode:
+        raise RuntimeError(f"{argv[:3]} failed: {done.stderr[-500:]}")
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return wall, cpu, done.stdout
+
+
+def cold_report(trace_dir: Path, hta_dir: Path, rounds: int) -> None:
+    """Each tool as a user runs it, in a fresh interpreter per round (imports included), alternately:
+    ``comminsight analyze stragglers DIR --format json`` against a three-line HTA script."""
+    cli = [sys.executable, "-c", "from comminsight.cli import main; main()", "analyze", "stragglers"]
+    ours_wall, ours_cpu, hta_wall, hta_cpu = [], [], [], []
+    for round_ in range(rounds):
+        wall, cpu, out = _timed_process([*cli, str(trace_dir), "--format", "json"])
+        culprits = json.loads(out)["culprits"]
+        theirs_wall, theirs_cpu, answer = _timed_process([sys.executable, "-c", _HTA_SCRIPT, str(hta_dir)])
+        ours_wall.append(wall)
+        ours_cpu.append(cpu)
+        hta_wall.append(theirs_wall)
+        hta_cpu.append(theirs_cpu)
+        print(
+            f"cold round {round_ + 1}: CommInsight CLI {wall:.3f} s (CPU {cpu:.3f} s), culprits {culprits}; "
+            f"HTA {theirs_wall:.3f} s (CPU {theirs_cpu:.3f} s), answer {answer.strip().splitlines()[-1]}; "
+            f"load average {os.getloadavg()[0]:.1f}"
+        )
+    wall_ratios = [h / o for h, o in zip(hta_wall, ours_wall, strict=True)]
+    cpu_ratios = [h / o for h, o in zip(hta_cpu, ours_cpu, strict=True)]
+    print(
+        f"cold, fresh processes: CommInsight median {statistics.median(ours_wall):.3f} s wall, "
+        f"{statistics.median(ours_cpu):.3f} s CPU; HTA median {statistics.median(hta_wall):.3f} s wall, "
+        f"{statistics.median(hta_cpu):.3f} s CPU; ratio median x{statistics.median(wall_ratios):.1f} wall "
+        f"(min x{min(wall_ratios):.1f}, max x{max(wall_ratios):.1f}), x{statistics.median(cpu_ratios):.1f} CPU "
+        f"(min x{min(cpu_ratios):.1f}, max x{max(cpu_ratios):.1f})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traces", type=Path, default=RECORDED, help="folder of recorded per-rank traces")
@@ -348,6 +399,9 @@ def main() -> None:
     parser.add_argument("--slow-factor", type=float, default=1.3)
     parser.add_argument("--kernels", type=int, default=1, help="compute kernels (each with its CPU op) per bucket")
     parser.add_argument("--rounds", type=int, default=3, help="alternating runs of both tools")
+    parser.add_argument(
+        "--cold-rounds", type=int, default=0, help="also: alternating runs of each tool in a fresh process"
+    )
     args = parser.parse_args()
     print(f"load average {os.getloadavg()}, {os.cpu_count()} CPUs")
     recorded = not args.synthetic and args.traces.is_dir() and any(args.traces.glob("*.pt.trace.json.gz"))
@@ -368,6 +422,8 @@ def main() -> None:
             hta_dir.mkdir()
             copy_recorded(args.traces, hta_dir, rename_kernels=True)
             report(trace_dir, f"[{truth}]", args.rounds, hta_dir)
+            if args.cold_rounds:
+                cold_report(trace_dir, hta_dir, args.cold_rounds)
             return
         write_traces(trace_dir, args.ranks, args.steps, args.slow_rank, args.slow_factor, args.kernels)
         size = sum(p.stat().st_size for p in trace_dir.iterdir())
@@ -377,6 +433,8 @@ def main() -> None:
             f"(x{args.slow_factor} compute)"
         )
         report(trace_dir, f"[{args.slow_rank}]", args.rounds)
+        if args.cold_rounds:
+            cold_report(trace_dir, trace_dir, args.cold_rounds)
 
 
 if __name__ == "__main__":
