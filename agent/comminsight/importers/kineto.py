@@ -611,6 +611,7 @@ assert set(_ARG_NAMES) == _ARG_KEYS
 assert _Event.__struct_fields__ == _EVENT_KEYS
 # Elements that are not objects (which the table skips) send their run to the scanner.
 _DECODER = msgspec.json.Decoder(list[_Event])
+_OPEN = ord("{")
 # Events are 100 bytes or more (a Kineto flow event, the smallest, is about 110). A run with one
 # "{" per fewer bytes goes to the scanner: a piece of tiny objects would build a struct per few bytes.
 _MIN_BYTES_PER_OBJECT = 48
@@ -849,7 +850,10 @@ class _TraceReader:
             if not self.seen:
                 return None  # "[," is not JSON: the scanner's parse says so
             start += 1
-        if buf.count(b"{", start, end) * _MIN_BYTES_PER_OBJECT > end - start:
+        # numpy compares bytes several times faster than bytes.count does with one character
+        if np.count_nonzero(np.frombuffer(buf, np.uint8, end - start, start) == _OPEN) * _MIN_BYTES_PER_OBJECT > (
+            end - start
+        ):
             return None
         try:
             # One copy of the run, brackets included (a megabyte copied costs page faults as well).
