@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import gzip
 import json
 import os
@@ -286,7 +287,7 @@ def report(trace_dir: Path, truth: str, rounds: int, hta_dir: Path | None = None
     """Runs both tools on ``trace_dir``, alternately for ``rounds`` rounds, and prints the answers and
     the time ratio (median over rounds of HTA's seconds over CommInsight's, each end to end: reading
     the traces plus the straggler analysis, in this process, after both tools were imported and ran
-    once)."""
+    once, each after a full garbage collection)."""
     hta = run_hta(trace_dir)
     if isinstance(hta, str):
         print(hta)
@@ -303,9 +304,13 @@ def report(trace_dir: Path, truth: str, rounds: int, hta_dir: Path | None = None
     print(f"first runs, not counted: CommInsight {cold_load + cold_run:.3f} s (HTA's: the probe above)")
     ours_times, hta_times, ratios, cpu_ratios = [], [], [], []
     for round_ in range(rounds):
+        # A full collection before each tool: neither pays, inside its timing, for the other's garbage.
+        gc.collect()
         cpu0 = _cpu_seconds()
         ours_load, ours_run, culprits, slowdown = run_comminsight(trace_dir)
         cpu1 = _cpu_seconds()
+        gc.collect()
+        cpu_hta = _cpu_seconds()
         hta = run_hta(trace_for_hta)
         cpu2 = _cpu_seconds()
         if isinstance(hta, str):
@@ -316,11 +321,11 @@ def report(trace_dir: Path, truth: str, rounds: int, hta_dir: Path | None = None
         ours_times.append(ours)
         hta_times.append(theirs)
         ratios.append(theirs / ours)
-        cpu_ratios.append((cpu2 - cpu1) / (cpu1 - cpu0))
+        cpu_ratios.append((cpu2 - cpu_hta) / (cpu1 - cpu0))
         print(
             f"round {round_ + 1}: CommInsight load {ours_load:.3f} s + analysis {ours_run:.3f} s = {ours:.3f} s "
             f"(CPU {cpu1 - cpu0:.3f} s); HTA parse {hta_parse:.3f} s + get_potential_stragglers {hta_run:.3f} s = "
-            f"{theirs:.3f} s (CPU {cpu2 - cpu1:.3f} s, its parse workers included); x{theirs / ours:.1f}; "
+            f"{theirs:.3f} s (CPU {cpu2 - cpu_hta:.3f} s, its parse workers included); x{theirs / ours:.1f}; "
             f"load average {os.getloadavg()[0]:.1f}"
         )
     ours_top, hta_top = culprits[:1], hta_answer[:1]
