@@ -18,10 +18,11 @@ Targets (DESIGN §9, issue 13): one agent >= 200 MB/s; p99 <= 100 ms with 50 age
 With --baseline-tree DIR the baseline is instead the streamed server of another checkout (e.g. `git archive` of an
 earlier commit, run with this tree's Python and database): old code against new, alternating, in the same run.
 
-Where the latency goes: besides the server workers' CPU, the bench reports its own CPU per crowd request (the 50
-agents are threads of this process, on the same cores) and, on PostgreSQL, the CPU of the database's backends; and
-once per run the crowd runs against a server that answers every request at once (`--echo-server`, no work at all),
-which is the latency floor of the client side and the loopback on this machine at its current load.
+Where the latency goes: besides the server workers' CPU, the bench reports the agents' CPU per crowd request (threads
+of this process, or of the --client-processes processes, on the same cores) and, on PostgreSQL, the CPU of the
+database's backends; and once per run the crowd runs against a server that answers every request at once
+(`--echo-server`, no work at all), which is the latency floor of the client side and the loopback on this machine at
+its current load.
 
 With --storage s3 the comparison is by storage instead (issue 12): the streamed server stores into the local
 data directory, then into an S3 bucket (COMMINSIGHT_STORAGE_URL, multipart upload) on a real SeaweedFS started
