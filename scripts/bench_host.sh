@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
 # Run bench/site_ingest.py on a bare host (no network, no PostgreSQL or Redis installed, Python 3.12 with some of
-# the site's packages): unpack a carried bundle, start PostgreSQL and Redis from it, run the bench against
-# `manage.py serve --workers 2` with both, then stop them. The bundle (BUNDLE, default .devbundle) holds:
-#   site.tar.xz  the site's Python packages for that Python (pip install --target of the cp312 wheels), unpacked
-#                onto PYTHONPATH ahead of the host's own;
+# the site's packages): unpack a carried bundle, start PostgreSQL and Redis from it, run the bench (which starts
+# `manage.py serve`) with both, then stop them. The bundle (BUNDLE, default .devbundle) holds:
+#   site.tar.xz  the site's Python packages for that Python, unpacked onto PYTHONPATH ahead of the host's own;
 #   srv.tar.xz   PostgreSQL's and Redis's files as their Debian packages lay them out (usr/lib/postgresql/..,
 #                usr/share/postgresql/.., bin/redis-server) and, under lib/, the shared libraries they need
 #                that the host lacks (LD_LIBRARY_PATH for those two servers only); zoneinfo/ for a host without it.
-# Its arguments are passed to the bench (BENCH, default bench/site_ingest.py). Figures and logs go to OUT (default ./bench-out).
-# PostgreSQL refuses to run as root: it runs as PG_USER (created when missing).
+# How the bundle of 2026-12-04 was made (docs/operators.md, "On a 16-core host"; 58 MB, under the device's 64 MiB):
+#   site: `pip download --only-binary=:all: --python-version 3.12 --implementation cp --platform
+#         manylinux_2_28_x86_64 (and _2_27, _2_24, _2_17, 2014, 1) -r` requirements/base.txt, less the packages the
+#         host has (pyarrow, numpy, httpx and its deps, rich, typer, click, prometheus-client, pyyaml, requests...)
+#         and duckdb (the site does not import it); `python3.12 -m pip install --no-deps --target site *.whl`;
+#         `strip --strip-unneeded` on its .so files (polars, zstandard: 330 -> 234 MB); `tar -cJ` (40 MB).
+#   srv:  on Debian 12 with postgresql-15 and redis-server installed: postgres, initdb, pg_ctl; plpgsql.so,
+#         dict_snowball.so and the encoding conversions of /usr/lib/postgresql/15/lib; /usr/share/postgresql/15
+#         (of extension/, plpgsql only); /usr/bin/redis-server; lib/ = what `ldd` lists for those, less glibc and
+#         the libraries a Ubuntu 24.04 host with Python has (libstdc++, libgcc_s, libz, liblzma, libzstd, liblz4,
+#         libssl, libcrypto, libffi, libsystemd, libgcrypt, libgpg-error, libcap, libpam, libaudit, libcap-ng);
+#         zoneinfo/ = UTC, GMT, Etc/UTC, Etc/GMT; everything stripped; `tar -cJ` (18 MB).
+# Its arguments are passed to the bench (BENCH, default bench/site_ingest.py). Figures and logs go to OUT
+# (default ./bench-out). PostgreSQL refuses to run as root: it runs as PG_USER (created when missing).
 set -euo pipefail
 BUNDLE=${BUNDLE:-.devbundle}
 OUT=${OUT:-$PWD/bench-out}
