@@ -40,6 +40,10 @@ LAYOUTS = {
     # Context parallelism without TP: consecutive CP pairs, shaped like TP groups.
     "32 GPUs PP2xDP8xCP2": Layout(pp=2, dp=8, cp=2),
     "16 GPUs TP2xPP4xDP2, 3 micro-batches (fewer than the stages)": Layout(tp=2, pp=4, dp=2, microbatches=3),
+    # Data-parallel only, parameters gathered per layer: no operation, and no pair of neighbours, occurs
+    # once per step; the step opens with the one long run of all-gathers (the forward's).
+    "64 GPUs ZeRO-3, 8 layers": Layout(dp=64, fsdp_layers=8),
+    "64 GPUs HSDP, shard groups of 8": Layout(dp=64, fsdp_layers=8, fsdp_shard=8),
 }
 
 
@@ -60,6 +64,10 @@ COORDINATES = {
 # such a job with 6 steps: 91.7% of its starts are matched without coordinates (11 of 12 boundaries per
 # rank), below 95%. The 64-GPU DP8xPP8 job, of the same kind, is kept (97.9%).
 UNDECIDABLE = {("16 GPUs DP8xPP2, short optimizer, long backward", "no coordinates")}
+# Without coordinates the HSDP shard groups (consecutive ranks) read as TP by shape and the cross-group
+# all-reduces as DP, with no pipeline to correct them: the megatron template then ends a step at every
+# layer's all-reduce (8 steps per step). Period detection alone recovers them (tested).
+TEMPLATE_MISREADS = {("64 GPUs HSDP, shard groups of 8", "no coordinates")}
 CASES = [pytest.param(n, c, id=f"{n}, {c}") for n in LAYOUTS for c in COORDINATES if (n, c) not in UNDECIDABLE]
 
 
@@ -78,8 +86,10 @@ def _recovered(
 @pytest.mark.parametrize("use_templates", [True, False], ids=["templates", "period only"])
 @pytest.mark.parametrize(("name", "coordinates"), CASES)
 def test_recovered_steps_start_where_the_generated_steps_start(
-    name: str, coordinates: str, use_templates: bool, tmp_path: Path
+    name: str, coordinates: str, use_templates: bool, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    if use_templates and (name, coordinates) in TEMPLATE_MISREADS:
+        request.applymarker(pytest.mark.xfail(strict=True, reason="HSDP groups read by shape (TEMPLATE_MISREADS)"))
     rank_steps, truth, step_ns, method = _recovered(name, tmp_path, use_templates, coordinates)
     if not use_templates:
         assert method == "period"

@@ -113,6 +113,7 @@ class _Rank:
     method: str | None = None  # template name, "period", or "none"
     anchor: int = -1  # period anchor signature
     anchor_prev: int = -1  # signature that must precede the anchor (-1: none)
+    min_run: int = 1  # anchors in a row (others of the anchor_prev class between) needed to open a step
     setup: int = 0  # leading events still to come that precede the periodic stretch (no step)
     retry_at: int = 0  # undecided: buffered events at which to try again (0: at ``warmup``)
     after_end: bool = True
@@ -191,11 +192,12 @@ class StepEngine:
             state.method = "none"
         else:
             state.method, state.anchor, state.anchor_prev = "period", found.anchor, found.anchor_prev
+            state.min_run = found.min_run
             state.setup = found.setup
 
     def _classes(self, state: _Rank) -> tuple[np.ndarray, int]:
         if state.method == "period":
-            return _period_classes(state.anchor, state.anchor_prev), 1
+            return _period_classes(state.anchor, state.anchor_prev), state.min_run
         for template in self.templates:
             if template.name == state.method:
                 return _tables(template)[0], template.min_run
@@ -362,6 +364,7 @@ class StepEngine:
                 "method": st.method,
                 "anchor": st.anchor,
                 "anchor_prev": st.anchor_prev,
+                "min_run": st.min_run,
                 "setup": st.setup,
                 "retry_at": st.retry_at,
                 "after_end": st.after_end,
@@ -424,6 +427,9 @@ class StepEngine:
                     raise CheckpointError(f"checkpoint rank uses unknown method {method!r}")
                 anchor, anchor_prev = int(st["anchor"]), int(st.get("anchor_prev", -1))
                 setup = int(st.get("setup", 0))
+                min_run = int(st.get("min_run", 1))
+                if not 1 <= min_run <= 1024:
+                    raise CheckpointError("checkpoint period run length is out of range")
                 if setup < 0:
                     raise CheckpointError("checkpoint set-up count is negative")
                 if method == "period" and not (0 <= anchor < N_SIGNATURES and -1 <= anchor_prev < N_SIGNATURES):
@@ -432,6 +438,7 @@ class StepEngine:
                     method=method,
                     anchor=anchor,
                     anchor_prev=anchor_prev,
+                    min_run=min_run,
                     setup=setup,
                     retry_at=max(0, int(st.get("retry_at", 0))),
                     after_end=bool(st["after_end"]),

@@ -10,7 +10,9 @@ forward pass, where little communication runs; but when the rank reduces gradien
 data-parallel communicator a few times per period, the anchor is the operation that follows that
 reduction (and the tiny collectives after it), whatever the gaps: in a pipeline, bubbles and
 backward compute are longer idle stretches than the optimizer. Pairs matter when the opening operation also
-occurs elsewhere in the step (DDP's equal-sized gradient buckets).
+occurs elsewhere in the step (DDP's equal-sized gradient buckets). When neither exists (ZeRO-3 /
+FSDP: an all-gather per layer in forward, an all-gather and a reduce-scatter per layer in
+backward), the anchor is an operation whose one long run per step opens it (``_run_anchor``).
 
 Short real traces carry one-off collectives before the first regular step (a framework's set-up:
 parameter broadcasts, shape checks, the first iteration's different bucketing) and after the last
@@ -67,6 +69,7 @@ class Period:
     anchor_prev: int  # signature just before it (-1: the anchor alone is unique per period)
     match: float  # match rate at the period lag
     setup: int = 0  # leading events that precede the periodic stretch (set-up, before step 0)
+    min_run: int = 1  # anchors in a row needed to open a step (a run anchor: see _run_anchor)
 
 
 def detect_period(
@@ -153,5 +156,42 @@ def detect_period(
             if best is None or g > best[0] + 1e-9:
                 best = (g, anchor, prev)
     if best is None:
-        return None
+        run = _run_anchor(sig[ev_lo:ev_hi], expected)
+        if run is None:
+            return None
+        return Period(events_per_step, anchor=run[0], anchor_prev=run[1], match=match, setup=ev_lo, min_run=run[2])
     return Period(period=events_per_step, anchor=best[1], anchor_prev=best[2], match=match, setup=ev_lo)
+
+
+def _run_anchor(sig: np.ndarray, expected: float) -> tuple[int, int, int] | None:
+    """(anchor, anchor_prev, min_run) when a step opens with the one long run of an operation, or None.
+
+    ZeRO-3 / FSDP: a step is an all-gather before each layer's forward, then per layer in backward an
+    all-gather and a reduce-scatter. No operation and no pair of neighbours occurs once per step, but
+    the forward's all-gathers form, after the last reduce-scatter, the one long run of all-gathers
+    of the step. Read with ``anchor_prev`` closing a step, ``anchor`` opening one and every other
+    operation neutral (the engine's classes), the anchor's runs after an ``anchor_prev`` are counted;
+    if about one per step is longer than all the others, a step opens at the first anchor of a run of
+    at least ``min_run`` (one more than the longest of the others).
+    """
+    codes, counts = np.unique(sig, return_counts=True)
+    best: tuple[int, int, int, float] | None = None
+    tol = 1 + 0.05 * expected
+    for a in codes[counts >= 2 * expected - tol]:  # a handful: operations at least twice a step
+        for p in codes[(codes != a) & (counts >= expected - tol)]:
+            seq = sig[(sig == a) | (sig == p)]  # the engine's view: others neutral
+            is_a = seq == a
+            begin = np.flatnonzero(is_a & np.concatenate(([True], ~is_a[:-1])))
+            after_p = begin > 0  # a run at the very start has no closing operation before it
+            ends = np.concatenate((np.flatnonzero(~is_a), [seq.size]))
+            length = ends[np.searchsorted(ends, begin)] - begin
+            length = length[after_p]
+            if length.size < expected - tol:
+                continue
+            order = np.sort(length)[::-1]
+            # The long runs: the top j, about one per step (the first step's may open the stretch).
+            for j in range(max(1, int(np.ceil(expected - tol))), min(order.size - 1, int(expected + tol)) + 1):
+                margin = float(order[j - 1] - order[j])  # how clearly the long runs stand out
+                if margin > 0 and (best is None or margin > best[3]):
+                    best = (int(a), int(p), int(order[j]) + 1, margin)
+    return None if best is None else best[:3]
