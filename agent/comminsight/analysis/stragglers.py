@@ -1063,9 +1063,11 @@ def analyse_stragglers(
             allowance = max(np.sqrt(np.unique(arrays["atom_rank"][rest]).size) * threshold, passing[top_name][2])
             if savings[n] >= best_saving - allowance:
                 inside.append(n)
-        name = min(
-            inside, key=lambda n: (len(cands[n].ranks), int(arrays["atom_count"][cands[n].work].sum()), -savings[n])
-        )
+        # The smallest by the operations and gaps it restores, not by its ranks: a slow link's
+        # communicator restores its transfers only, one end of the link all that rank's work, and
+        # on a loaded machine that rank's own noise can bring its saving up to the pair's.
+        count = arrays["atom_count"]
+        name = min(inside, key=lambda n: (int(count[cands[n].work].sum() + count[cands[n].gap].sum()), -savings[n]))
         if name == top_name:
             name = _first_of_union(arrays, cands, passing, savings, top_name, chosen, current, threshold) or name
         consistency = passing[name][1]

@@ -82,6 +82,10 @@ class RankProcess:
         self.stream: queue.Queue = queue.Queue()
         self.completed = 0
         self.completed_cv = threading.Condition()
+        # Pacing (see _run_actions): the modelled GPU end of every completed launch, in order, and
+        # the time the training loop's last compute phase is due to end.
+        self.launch_ends_ns: list[int] = []
+        self.due_ns = 0
         self.gpu_error: BaseException | None = None
         self.stop_at = {
             (f.step, f.op_index): f for f in spec.config.faults if isinstance(f, Hang | Crash) and f.rank == self.rank
@@ -110,6 +114,7 @@ class RankProcess:
             board.set_status(rank, RankStatus.READY)
             board.wait(lambda: bool((board.status >= RankStatus.READY).all()))
             board.set_status(rank, RankStatus.RUNNING)
+            self.due_ns = time.time_ns()
             durations = compute_durations(self.spec.config, rank, self.schedule.steps)
             self._run_actions(SETUP_STEP, self.schedule.setup, [])
             for step, actions in enumerate(self.schedule.steps):
@@ -161,7 +166,13 @@ class RankProcess:
             if isinstance(action, Compute):
                 self._wait_completed(action.after)
                 if durations:
-                    time.sleep(durations[compute_index] / 1000.0)
+                    # Against a deadline, not for a duration: the phase starts when the launch it
+                    # consumes ended on the modelled GPU clock (or when the previous phase was due),
+                    # not when this thread got to run again, so the machine's wake-up delays do not
+                    # add up along the rank's program (the modelled clock's rule, model.py).
+                    ready = self.launch_ends_ns[action.after - 1] if action.after else 0
+                    self.due_ns = max(self.due_ns, ready) + int(durations[compute_index] * 1e6)
+                    _sleep_until(self.due_ns)
                 compute_index += 1
                 self.board.beat(self.rank)
                 continue
@@ -170,6 +181,7 @@ class RankProcess:
             if pause:
                 self.journal.write(ev="pause", step=step, launch=launch_index, seconds=pause, t=time.time_ns())
                 time.sleep(pause)  # outside NCCL, on every rank at once
+                self.due_ns = max(self.due_ns, time.time_ns())
                 self.board.beat(self.rank)
             fault = self.stop_at.get((step, launch_index))
             if fault is not None:
@@ -200,7 +212,7 @@ class RankProcess:
             t1=t1,
             seq=[item.seq for item in items],
         )
-        self.stream.put(items)
+        self.stream.put((items, t1))
         self.board.beat(self.rank)
 
     def _wait_completed(self, count: int) -> None:
@@ -217,10 +229,10 @@ class RankProcess:
     def _gpu_stream(self) -> None:
         try:
             while True:
-                items = self.stream.get()
-                if items is None:
+                launch = self.stream.get()
+                if launch is None:
                     return
-                self._run_kernels(items)
+                self._run_kernels(*launch)
         except Aborted:
             return  # kernels stay started: NCCL aborts communicators with operations in flight
         except BaseException as error:  # surfaced to the main thread
@@ -228,9 +240,11 @@ class RankProcess:
             with self.completed_cv:
                 self.completed_cv.notify_all()
 
-    def _run_kernels(self, items: list) -> None:
+    def _run_kernels(self, items: list, enqueued_ns: int) -> None:
         plan, board = self.plan, self.board
-        start = time.time_ns()
+        # A GPU stream reaches a launch once it is enqueued and the previous launch ended (modelled):
+        # how late this thread woke up to play it is no part of the GPU's time.
+        start = max(enqueued_ns, self.launch_ends_ns[-1]) if self.launch_ends_ns else enqueued_ns
         for item in items:
             self.driver.kernels_start(item, start)
         for item in items:
@@ -254,6 +268,7 @@ class RankProcess:
             self.driver.kernels_stop(item, end)
         self.journal.write(ev="done", gpu=[[start, end] for end in ends], t=time.time_ns())
         with self.completed_cv:
+            self.launch_ends_ns.append(max(ends))
             self.completed += 1
             self.completed_cv.notify_all()
         board.beat(self.rank)
@@ -262,6 +277,12 @@ class RankProcess:
         if op.is_p2p:
             return 0 if op.func == "Send" else 1
         return self.plan.communicators[op.comm].comm_rank(self.rank)
+
+
+def _sleep_until(deadline_ns: int) -> None:
+    remaining = deadline_ns - time.time_ns()
+    if remaining > 0:
+        time.sleep(remaining / 1e9)
 
 
 def _all_arrived(members: Any) -> bool:
