@@ -999,7 +999,7 @@ def analyse_stragglers(
         part: dict[str, _Scenario] = {}
         for n in names:
             c = cands[n]
-            outside = ~chosen.work if n.startswith("comm=") else ~chosen_events
+            outside = ~chosen.work if n.startswith("comm=") else ~chosen_events & ~chosen.work
             part[n] = _Scenario(c.work & outside, c.gap & (~chosen.gap if n.startswith("comm=") else outside))
         open_names = [n for n in names if part[n].work.any() or part[n].gap.any()]
         if not open_names:
@@ -1017,7 +1017,7 @@ def analyse_stragglers(
             if not n.startswith("comm="):
                 # Only the ranks not yet named: a named communicator's members also carry its
                 # effects in their gaps (they finish steps later), which are not this set's own.
-                own = c.work & ~chosen_events
+                own = c.work & ~chosen_events & ~chosen.work
                 own_excess[n] = _rank_excess(arrays, _excess(arrays, own, own), c.ranks - chosen.ranks, chosen.ranks)
             else:
                 own_excess[n] = (_excess(arrays, c.work & ~chosen.work, c.gap & ~chosen.gap), 0.0)
@@ -1113,6 +1113,16 @@ def analyse_stragglers(
             }
         )
         current = totals[name]
+        if name.startswith("comm="):
+            # A slow link slows every communicator whose ring crosses it, and the evidence names a
+            # communicator, not a hop: the slow transfers of the communicators that hold all of this
+            # one's ranks are taken with it (the simulated TP link 4-5 also slows the model-parallel
+            # group 0, 1, 4, 5, whose slow all-reduce was later charged to ranks 0 and 1, `dp=0`).
+            same = [m for m in names if m.startswith("comm=") and m != name and cands[m].ranks >= c.ranks]
+            if same:
+                work = chosen.work | np.logical_or.reduce([cands[m].work for m in same])
+                chosen = _Candidate(chosen.ranks, work, chosen.gap)
+                current = _run(arrays, [_Scenario(~chosen.work, ~chosen.gap)])[0]
     culprits = [r for g in groups for r in g["ranks"]]
 
     observed_mean = float(observed.mean()) if observed.size else 0.0
