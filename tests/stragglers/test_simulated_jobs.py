@@ -3,7 +3,7 @@ Megatron (TP x PP x DP) jobs: rank processes drive the real profiler plugin, its
 imported, steps are recovered from the communication alone and the straggler is attributed.
 
 Multi-process: every test starts one OS process per simulated rank (marked ``slow``). Sizes are kept
-small (4-8 ranks, 6 steps of at most 40 ms of compute) for a 2-core machine.
+small (4-8 ranks, 6 steps of 40 ms of compute, 160 ms for FSDP) for a 2-core machine.
 
 **Injected slowdown** (from ``ground_truth.json`` alone; see docs/analysis-stragglers.md): per step s,
 observed O_s = latest step end minus earliest step start over the ranks (the ``steps`` table); the
@@ -45,7 +45,11 @@ FUNC_TO_OP = {
 # (layout options, straggler rank). The Megatron straggler (tp=1, dp=0, pp=1) is on the last stage.
 JOBS = {
     "ddp": ({"layout": "ddp", "ranks": 4, "steps": 6, "step_ms": 40.0, "seed": 3}, 2),
-    "fsdp": ({"layout": "fsdp", "ranks": 4, "steps": 6, "step_ms": 40.0, "layers": 2, "seed": 4}, 1),
+    # FSDP splits a step's compute into a phase per layer and direction (forward, backward, both around
+    # their all-gathers and reduce-scatters): at 40 ms a step, phases of a few ms are no longer than how
+    # late a rank's loop wakes after a deadline on a loaded 2-core machine (median 2 ms, 90th percentile
+    # 22 ms, docs/simulator.md "Pacing"), and 2 runs in 11 estimated ~19% low. At 160 ms they are tens of ms.
+    "fsdp": ({"layout": "fsdp", "ranks": 4, "steps": 6, "step_ms": 160.0, "layers": 2, "seed": 4}, 1),
     "megatron": (
         {
             "layout": "megatron",
