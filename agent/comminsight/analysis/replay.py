@@ -387,21 +387,16 @@ def iteration_times(arrays: dict[str, Any], hi: np.ndarray) -> np.ndarray:
 
 
 def _masks(arrays: dict[str, Any], part: list[Any], events: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Event-major (events x scenarios) masks of ``part``'s kept durations and gaps over ``events`` (None: all).
-
-    With ``arrays["atom"]`` (each event's atom), a scenario's masks are per atom and are expanded to the
-    events here, window by window; else they are per event."""
-    atom = arrays.get("atom")
-    if atom is None:
-        pick = slice(None) if events is None else events
-        return (np.stack([s.work[pick] for s in part], axis=1), np.stack([s.gap[pick] for s in part], axis=1))
-    index = atom if events is None else atom[events]
+    """Event-major (events x scenarios) masks of ``part``'s kept durations and gaps over ``events`` (None: all):
+    a scenario's masks are per atom (``arrays["atom"]``, each event's atom), expanded to the events here,
+    window by window."""
+    index = arrays["atom"] if events is None else arrays["atom"][events]
     return np.stack([s.work for s in part], axis=1)[index], np.stack([s.gap for s in part], axis=1)[index]
 
 
 def run(arrays: dict[str, Any], scenarios: list[Any]) -> np.ndarray:
-    """Per scenario and step: replayed step time. A scenario has ``work`` and ``gap``, per atom (or per event
-    without ``arrays["atom"]``): whether its events keep their observed duration and gap (else their healthy
+    """Per scenario and step: replayed step time. A scenario has ``work`` and ``gap``, per atom
+    (``arrays["atom"]``): whether its events keep their observed duration and gap (else their healthy
     one, ``ideal_work`` / ``ideal_gap``).
 
     Scenarios go through the replay in chunks of up to ``CHUNK_SCENARIOS``, window by window, so that a
