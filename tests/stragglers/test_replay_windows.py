@@ -1,4 +1,5 @@
-"""The what-if replay window by window of steps (``comminsight.analysis.replay``) gives the answer of one replay.
+"""The what-if replay window by window of steps (``comminsight.analysis.replay``) gives the answer of one replay,
+and so does the preparation before it (matching, per-rank statistics, the replay's columns) window by window.
 
 Between windows only each rank's last replayed end (and host issue time) passes, per scenario; these tests cut
 jobs into windows of one step and compare with one window holding every step: the reports must be equal (up
@@ -14,12 +15,13 @@ import numpy as np
 import polars as pl
 import pytest
 
-from comminsight.analysis import replay
+from comminsight.analysis import replay, stragglers
 from comminsight.analysis.stragglers import analyse_stragglers
 from comminsight.importers import load
 from comminsight.simulator.tracegen import Fault, Layout, generate
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "kineto_gpu_lab_8rank"
+SIMULATED = Path(__file__).resolve().parents[1] / "data" / "simulated_ddp_rank2_slow"
 
 
 def _close(a: object, b: object) -> bool:
@@ -132,3 +134,78 @@ def test_windows_never_cut_a_collective_and_carry_each_ranks_end(span_boundary: 
     # The members of a collective start it together, once the last has arrived: each then ends its own work later.
     members = np.flatnonzero(np.arange(n) % 6 == 5)
     assert np.allclose(whole[:, members[0]] - work[:, members[0]], whole[:, members[1]] - work[:, members[1]])
+
+
+def _report_with_preparation_windows(table: pl.DataFrame, rows: int, use_labels: bool, monkeypatch) -> dict:  # type: ignore[no-untyped-def]
+    """The report with the preparation (matching, statistics, the replay's columns) cut into windows of at most
+    ``rows`` rows of whole steps, and the replay into windows of one step."""
+    monkeypatch.setattr(stragglers, "PREPARE_ROWS", rows)
+    return analyse_stragglers(table, use_labels=use_labels).to_dict()
+
+
+def _generated_pipeline(tmp_path: Path) -> pl.DataFrame:
+    job = generate(
+        Layout(pp=2, dp=4), steps=6, faults=(Fault("compute", {"pp": 1}, factor=1.4, phase="backward"),), seed=3
+    )
+    job.write(tmp_path / "pipeline.parquet")
+    table = pl.from_arrow(load(tmp_path / "pipeline.parquet"))
+    assert isinstance(table, pl.DataFrame)
+    return table
+
+
+def _simulated(tmp_path: Path) -> pl.DataFrame:
+    table = pl.from_arrow(load(SIMULATED))
+    assert isinstance(table, pl.DataFrame)
+    return table
+
+
+@pytest.mark.parametrize("use_labels", [True, False], ids=["step-labels", "recovered-steps"])
+@pytest.mark.parametrize(
+    "source",
+    [_generated, _generated_pipeline, _recorded, _simulated],
+    ids=["generated-dp-compute", "generated-pp-backward", "recorded-kineto", "simulated-raw-logs"],
+)
+def test_a_preparation_window_by_window_of_steps_gives_the_report_of_one_window(
+    source, use_labels: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    table = source(tmp_path)
+    windows = []
+    prepare = stragglers._prepare_window
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        windows.append(1)
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(stragglers, "_prepare_window", counted)
+    whole = _report_with_preparation_windows(table, 1 << 40, use_labels, monkeypatch)
+    assert len(windows) == 1
+    windows.clear()
+    cut = _report_with_preparation_windows(table, 1, use_labels, monkeypatch)
+    assert len(windows) > 1
+    assert whole["culprits"]
+    assert whole["waiting"]
+    assert _close(whole, cut)
+
+
+def test_preparation_windows_never_cut_a_collective_or_a_transfer_across_steps() -> None:
+    # Two ranks, four steps; rank 1's all-reduce of step 1 was labelled step 2 (recovered steps cut per rank),
+    # and rank 0's send of step 3 is received by rank 1 in step 4: steps 1-2 and steps 3-4 must share a window.
+    rows = []
+    for rank in (0, 1):
+        for step in range(5):
+            labelled = 2 if (rank, step) == (1, 1) else step
+            rows.append((rank, labelled, "all_reduce", False, step, None))
+    rows.append((0, 3, "send", True, None, 1))
+    rows.append((1, 4, "recv", True, None, 0))
+    df = pl.DataFrame(rows, schema=["rank", "_step", "op", "is_p2p", "seq", "peer"], orient="row").with_columns(
+        row=pl.int_range(pl.len(), dtype=pl.Int64),
+        comm_id=pl.when(pl.col("is_p2p")).then(pl.lit("p")).otherwise(pl.lit("c")),
+        comm_size=pl.lit(2),
+        start_ns=pl.col("_step").cast(pl.Int64) * 1000,
+        end_ns=pl.col("_step").cast(pl.Int64) * 1000 + 10,
+        enqueue_ns=pl.lit(None, pl.Int64),
+    )
+    pairs = stragglers.p2p_pairs(df)
+    assert pairs.height == 1
+    assert stragglers._preparation_windows(df, pairs, 1) == [(0, 0), (1, 2), (3, 4)]
+    assert stragglers._preparation_windows(df, pairs.clear(), 1) == [(0, 0), (1, 2), (3, 3), (4, 4)]

@@ -53,7 +53,7 @@ from comminsight.analysis.replay import replay as _replay
 from comminsight.analysis.replay import run as _run
 from comminsight.analysis.replay import step_times as _step_times
 from comminsight.analysis.replay import step_windows
-from comminsight.semantic.matching import match_operations
+from comminsight.semantic.matching import match_operations, p2p_pairs
 from comminsight.semantic.roles import infer_coordinates, infer_roles
 
 COORDS = ("dp_rank", "pp_rank", "tp_rank", "cp_rank")
@@ -74,6 +74,9 @@ REPLAY_COLUMNS = (
     "comm_id",
     "comm_name",
 )
+# Columns the windowed preparation reads (matching, statistics, the replay's).
+_WINDOW_COLUMNS = (*REPLAY_COLUMNS, "seq", "peer", "comm_size")
+PREPARE_ROWS = 1 << 15  # rows per preparation window of whole steps (at least one step)
 WAIT_CLOCK_SLACK_NS = 50_000  # CPU issue times and GPU end times come from different clocks
 
 
@@ -131,28 +134,111 @@ def _with_steps(df: pl.DataFrame, use_labels: bool) -> tuple[pl.DataFrame, str]:
     ), f"recovered ({report.method})"
 
 
-def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
+def _preparation_windows(df: pl.DataFrame, pairs: pl.DataFrame, max_rows: int) -> list[tuple[int, int]]:
+    """The preparation's windows of whole steps, in step order: (first, last) step label of each.
+
+    A window takes consecutive steps while it holds at most ``max_rows`` rows (at least one step), and never
+    ends between two steps that a collective instance or a send/receive pair spans (recovered steps cut per
+    rank), so that matching a window's rows alone finds what matching the whole table finds. Rows before the
+    first recovered step (step -1) go with the first window. Read per row: the step, and the keys of collectives
+    and the pairs' rows (a few integer columns, not the table).
+    """
+    counts = df.group_by("_step").len().sort("_step")
+    steps = counts.get_column("_step").to_numpy()
+    per_step = counts.get_column("len").to_numpy()
+    coll = (
+        df.lazy()
+        .filter(~pl.col("is_p2p") & (pl.col("op") != "compute") & (pl.col("comm_size").fill_null(2) > 1))
+        .filter(pl.col("comm_id").is_not_null() & pl.col("seq").is_not_null())
+        .group_by("comm_id", "op", "seq")
+        .agg(lo=pl.col("_step").min(), hi=pl.col("_step").max())
+        .filter(pl.col("lo") < pl.col("hi"))
+        .select("lo", "hi")
+        .collect()
+    )
+    step_of = df.select("row", "_step")
+    p2p = (
+        pairs.join(step_of, on="row")
+        .join(step_of.rename({"row": "partner_row", "_step": "_partner_step"}), on="partner_row")
+        .select(lo=pl.min_horizontal("_step", "_partner_step"), hi=pl.max_horizontal("_step", "_partner_step"))
+        .filter(pl.col("lo") < pl.col("hi"))
+    )
+    spans = pl.concat([coll, p2p], how="vertical_relaxed")
+    lo = np.searchsorted(steps, spans.get_column("lo").to_numpy())
+    hi = np.searchsorted(steps, spans.get_column("hi").to_numpy())
+    open_count = np.zeros(steps.size + 1, np.int64)
+    np.add.at(open_count, lo + 1, 1)
+    np.add.at(open_count, hi + 1, -1)
+    blocked = np.cumsum(open_count) > 0  # blocked[k]: no boundary between steps k - 1 and k
+    if steps.size > 1 and steps[0] < 0:
+        blocked[1] = True
+    bounds, held = [0], 0
+    for k in range(steps.size):
+        if k > bounds[-1] and not blocked[k] and held + per_step[k] > max_rows:
+            bounds.append(k)
+            held = 0
+        held += int(per_step[k])
+    bounds.append(steps.size)
+    return [(int(steps[a]), int(steps[b - 1])) for a, b in pairwise(bounds)]
+
+
+def _window_statistics(w: pl.DataFrame, m: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """One window's share of the per-rank statistics: per (step, rank) lateness, waiting, busy time, span and
+    compute; per rank the sums behind the mean lateness and the waiting; per (waiter, waited-for) the waiting
+    (each waiting member of a collective -> its last arriver). Sums and counts: windows add up."""
+    joined = w.select("row", "rank", "_step", "op", "start_ns", "end_ns").join(
+        m.select("row", "group", "lateness_ns", "wait_ns", "arrival_ns"), on="row"
+    )
+    in_group = joined.filter(pl.col("group") >= 0)
+    per = in_group.group_by("_step", "rank").agg(late=pl.col("lateness_ns").sum(), wait=pl.col("wait_ns").sum())
+    span = (
+        joined.filter(pl.col("_step") >= 0)
+        .group_by("_step", "rank")
+        .agg(
+            busy=(pl.col("end_ns") - pl.col("start_ns")).filter(pl.col("op") != "compute").sum(),
+            span=pl.col("end_ns").max() - pl.col("start_ns").min(),
+            compute=(pl.col("end_ns") - pl.col("start_ns")).filter(pl.col("op") == "compute").sum(),
+        )
+    )
+    per = span.join(per, on=["_step", "rank"], how="left").fill_null(0)
+    late = in_group.group_by("rank").agg(
+        late_sum=pl.col("lateness_ns").sum(), late_n=pl.len(), wait_sum=pl.col("wait_ns").sum()
+    )
+    last_of = in_group.sort("arrival_ns").group_by("group").agg(waited_for=pl.col("rank").last())
+    edges = (
+        in_group.join(last_of, on="group")
+        .filter((pl.col("rank") != pl.col("waited_for")) & (pl.col("wait_ns") > 0))
+        .group_by("rank", "waited_for")
+        .agg(wait_ns=pl.col("wait_ns").sum(), count=pl.len())
+    )
+    return per, late, edges
+
+
+def _prepare_window(
+    w: pl.DataFrame, m: pl.DataFrame, roles: dict[str, str], issue_model: bool, after: pl.DataFrame, vocab: dict
+) -> tuple[dict[str, np.ndarray], pl.DataFrame]:
+    """The replay's per-event columns of one window of whole steps (numpy; strings as ids of ``vocab``, shared by
+    every window), and per rank the start of its first operation here (what the window before reads as ``after``:
+    per rank, the start of its next operation after this window, if any)."""
     # Only the columns the replay reads: the table's other columns (lists of members, names) would be
     # carried through every join and sort below.
-    ev = df.select(*REPLAY_COLUMNS).filter(pl.col("_step") >= 0)
-    ev = ev.join(matches.select("row", "group", "last_arrival_ns", "partner_row"), on="row", how="left")
+    ev = w.select(*REPLAY_COLUMNS).filter(pl.col("_step") >= 0)
+    ev = ev.join(m.select("row", "group", "last_arrival_ns", "partner_row"), on="row", how="left")
     # Host-issue model when every communication event says when the host enqueued it (profiler
     # evidence); compute rows are then step annotations, not work, and are left out.
-    comm = ev.filter(pl.col("op") != "compute")
-    issue_model = comm.height > 0 and comm.get_column("enqueue_ns").null_count() == 0
     if issue_model:
-        ev = comm
+        ev = ev.filter(pl.col("op") != "compute")
     ev = ev.with_columns(s=pl.coalesce("start_ns", "enqueue_ns"), e=pl.coalesce("end_ns", "start_ns", "enqueue_ns"))
     ev = ev.filter(pl.col("s").is_not_null()).sort("rank", "_step", "s", "row")
-    # A compute row that spans the rank's next operation is an annotation (a profiler's step
-    # span), not work the rank did before it.
-    ev = ev.filter(
-        (pl.col("op") != "compute")
-        | (pl.col("e") <= pl.col("s").shift(-1).over("rank").fill_null(np.iinfo(np.int64).max) + WAIT_CLOCK_SLACK_NS)
+    first = ev.group_by("rank").agg(_next=pl.col("s").first())
+    # A compute row that spans the rank's next operation (here or in a later window) is an annotation (a
+    # profiler's step span), not work the rank did before it.
+    following = pl.col("s").shift(-1).over("rank").fill_null(pl.col("_next"))
+    ev = ev.join(after, on="rank", how="left", maintain_order="left").filter(
+        (pl.col("op") != "compute") | (pl.col("e") <= following.fill_null(np.iinfo(np.int64).max) + WAIT_CLOCK_SLACK_NS)
     )
     # What makes two ranks' operations "the same" for the what-if reference: the signature
     # (role, op, size); when sizes are unknown, the operation's name as the source gave it.
-    roles = infer_roles(df.drop("row", "_step"))
     role = pl.col("comm_id").replace_strict(roles, default="other", return_dtype=pl.String)
     ev = ev.with_columns(
         label=pl.when(pl.col("bytes").is_not_null())
@@ -163,12 +249,57 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     # pipeline stage's data- and tensor-parallel peers) are the best reference for each other.
     programs = ev.group_by("rank", "_step").agg(program=pl.col("label").str.join("\n").hash())
     ev = ev.join(programs, on=["rank", "_step"], how="left", maintain_order="left")
-    n = ev.height
+    role_op = pl.concat_str(
+        [role, pl.when(pl.col("is_p2p")).then(pl.lit("send/recv")).otherwise(pl.col("op"))], separator=" "
+    )
+    ev = ev.with_columns(
+        kind=pl.when(pl.col("op") == "compute")
+        .then(pl.coalesce(pl.col("comm_name"), pl.lit("compute")))
+        .otherwise(role_op),
+        comm=pl.col("comm_id").cast(pl.String).fill_null(""),
+    )
+    cols = {
+        "row": ev.get_column("row").to_numpy(),
+        "rank": ev.get_column("rank").to_numpy(),
+        "step": ev.get_column("_step").to_numpy(),
+        "s": ev.get_column("s").to_numpy(),
+        "e": ev.get_column("e").to_numpy(),
+        "q": ev.get_column("enqueue_ns").to_numpy().astype(np.float64),
+        "group": ev.get_column("group").fill_null(-1).to_numpy(),
+        "is_p2p": ev.get_column("is_p2p").fill_null(False).to_numpy(),
+        "last_arrival": ev.get_column("last_arrival_ns").to_numpy().astype(np.float64),
+        "partner_row": ev.get_column("partner_row").fill_null(-1).to_numpy(),
+        "occurrence": ev.get_column("occurrence").to_numpy(),
+        "program": ev.get_column("program").to_numpy(),
+        "is_compute": (ev.get_column("op") == "compute").to_numpy(),
+    }
+    for name in ("label", "kind", "comm"):
+        cols[name] = _vocab_ids(ev.get_column(name), vocab.setdefault(name, {}))
+    return cols, first.vstack(after.join(first, on="rank", how="anti"))
+
+
+def _vocab_ids(values: pl.Series, vocab: dict[str, int]) -> np.ndarray:
+    """Per row, the id (1, 2, ...) of its string in ``vocab``, extended with strings not seen before."""
+    values = values.fill_null("\x00")
+    for v in values.unique(maintain_order=True).to_list():
+        vocab.setdefault(v, len(vocab) + 1)
+    return values.replace_strict(vocab, return_dtype=pl.Int64).to_numpy()
+
+
+def _prepare_replay(
+    cols: dict[str, np.ndarray], vocab: dict, issue_model: bool
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The replay's arrays from the windows' per-event columns (``_prepare_window``), put in program order (rank,
+    step, start): per event, its previous operation, group, batch, gap and work; the ends observed."""
+    order = np.lexsort((cols["row"], cols["s"], cols["step"], cols["rank"]))
+    ev = {name: values[order] for name, values in cols.items()}
+    cols.clear()
+    n = ev["row"].size
     idx = np.arange(n)
-    r = ev.get_column("rank").to_numpy()
-    st = ev.get_column("_step").to_numpy()
-    s = ev.get_column("s").to_numpy().astype(np.float64)
-    e = ev.get_column("e").to_numpy().astype(np.float64)
+    r = ev["rank"]
+    st = ev["step"]
+    s = ev["s"].astype(np.float64)
+    e = ev["e"].astype(np.float64)
     # Program order runs across step boundaries: a rank's first operation of a step follows its
     # last one of the previous step (the replay carries each scenario's own state from step to
     # step; resetting every step to its observed start would keep a slow rank's lateness carried
@@ -189,9 +320,9 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     # Symmetric groups: collectives, and each matched send with its receive (a send completes only
     # once the receiver has posted the receive: it waits for a late receiver as a receive waits for
     # a late sender). Local events and unmatched P2P get a group of their own.
-    grp = ev.get_column("group").fill_null(-1).to_numpy()
-    p2p = ev.get_column("is_p2p").fill_null(False).to_numpy()
-    last_arrival = ev.get_column("last_arrival_ns").to_numpy().astype(np.float64)
+    grp = ev["group"]
+    p2p = ev["is_p2p"]
+    last_arrival = ev["last_arrival"]
     # A member that completed before the last member arrived contradicts the match (a set-up
     # collective paired with another instance): its group is replayed as local operations, as
     # observed. Replayed as a group, the error would carry into every later step.
@@ -203,15 +334,10 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     dense[~collective] = grp.max(initial=-1) + 1 + np.arange(int((~collective).sum()))
     _, dense = np.unique(dense, return_inverse=True)
     # Receive -> index of its send in this ordering.
-    pos = pl.DataFrame({"row": ev.get_column("row"), "pos": idx})
-    partner = (
-        ev.select("partner_row")
-        .join(pos.rename({"row": "partner_row"}), on="partner_row", how="left", maintain_order="left")
-        .get_column("pos")
-        .fill_null(-1)
-        .to_numpy()
-        .astype(np.int64)
-    )
+    by_row = np.argsort(ev["row"])
+    at = np.minimum(np.searchsorted(ev["row"], ev["partner_row"], sorter=by_row), max(n - 1, 0))
+    found = (ev["partner_row"] >= 0) & (ev["row"][by_row[at]] == ev["partner_row"]) if n else np.zeros(0, bool)
+    partner = np.where(found, by_row[at] if n else at, -1).astype(np.int64)
     # Each step is replayed in its own time frame (relative to its first start: float32 keeps
     # 0.1 us over a step); an operation that follows one of an earlier step shifts frames.
     step_ids, inv = np.unique(st, return_inverse=True)
@@ -222,17 +348,17 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     shift = np.where(prev >= 0, step_start[safe] - step_start, 0.0)
     # Operations by number (the labels' strings, held per event, cost more than the rest together):
     # a label's id, 0 for none (no previous operation), and its occurrence in the rank's step.
-    label = ev.get_column("label").rank("dense").cast(pl.Int64).to_numpy()
+    label = ev["label"]
     prev_label = np.where(prev >= 0, label[safe], 0)
-    occurrence = ev.get_column("occurrence").to_numpy()
+    occurrence = ev["occurrence"]
     prev_end = np.where(prev >= 0, e[safe], s)
     if issue_model:
-        q = ev.get_column("enqueue_ns").to_numpy().astype(np.float64)
+        q = ev["q"]
         # A rank's first operation is replayed as issued when it started (set-up work enqueued
         # early says nothing of the step).
         q = np.minimum(np.maximum(q, np.where(prev < 0, s, -np.inf)), s)
         prev_q = np.where(prev >= 0, q[safe], s)
-        place_id = _dense_ids(ev.get_column("program").to_numpy(), prev_label, label, occurrence)
+        place_id = _dense_ids(ev["program"], prev_label, label, occurrence)
         # A step begins once the previous one has completed on the rank (the optimizer needs the
         # gradients): its first issue is timed from that end, so time a healthy host spent
         # waiting for a late peer's last collective is not read as its own work.
@@ -278,15 +404,9 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     # compute between communication.
     arrays["work_key"] = _dense_ids(label, occurrence)
     arrays["gap_key"] = _dense_ids(prev_label, label, occurrence)
-    role_op = pl.concat_str(
-        [role, pl.when(pl.col("is_p2p")).then(pl.lit("send/recv")).otherwise(pl.col("op"))], separator=" "
-    )
-    kind = ev.select(
-        pl.when(pl.col("op") == "compute").then(pl.coalesce(pl.col("comm_name"), pl.lit("compute"))).otherwise(role_op)
-    ).to_series()
-    arrays["is_compute"] = (ev.get_column("op") == "compute").to_numpy()
-    arrays["comm"] = _interned(ev.get_column("comm_id").cast(pl.String).fill_null(""))
-    arrays["op_kind"] = _interned(kind)
+    arrays["is_compute"] = ev["is_compute"]
+    arrays["comm"] = _names(vocab["comm"])[ev["comm"]]
+    arrays["op_kind"] = _names(vocab["kind"])[ev["kind"]]
     arrays["gaps_are_compute"] = np.bool_(not bool(arrays["is_compute"].any()))
     # Atoms: the classes of events that every candidate and scenario is a union of (a rank's operations of
     # one communicator and kind, matched or not, compute or not). The culprit decision works on atoms and
@@ -294,8 +414,8 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
     # a scenario's atoms to the events of the window it replays.
     atom = _dense_ids(
         r,
-        _codes(ev.get_column("comm_id").cast(pl.String).fill_null("")),
-        _codes(kind),
+        ev["comm"],
+        ev["kind"],
         arrays["matched"].astype(np.int8),
         arrays["is_compute"].astype(np.int8),
     )
@@ -323,7 +443,7 @@ def _prepare_replay(df: pl.DataFrame, matches: pl.DataFrame) -> tuple[pl.DataFra
         held += size
     arrays["reference_windows"] = np.array([*bounds, n], np.int64)
     arrays["plan"] = None  # planned once the references are taken (_plan_replay)
-    return ev.select("e"), arrays  # the replay needs nothing else of the frame
+    return ev["e"], arrays  # the replay needs nothing else of the events
 
 
 # Per-event arrays that the replay's windows hold themselves once planned, or that only the whole-trace
@@ -379,15 +499,14 @@ def _dense_ids(*columns: np.ndarray) -> np.ndarray:
     return ids
 
 
-def _codes(values: pl.Series) -> np.ndarray:
-    """Per row, an integer code of its string (equal strings, equal codes; the order is arbitrary)."""
-    return values.cast(pl.Categorical).to_physical().to_numpy().astype(np.int64)
-
-
-def _interned(values: pl.Series) -> np.ndarray:
-    """``values`` as an object array whose equal strings are one object (a pointer per event, not a string)."""
-    codes = values.cast(pl.Categorical)
-    return codes.cat.get_categories().to_numpy()[codes.to_physical().to_numpy()]
+def _names(vocab: dict[str, int]) -> np.ndarray:
+    """The strings of a vocabulary (``_vocab_ids``) by id, as an object array: indexed by ids, equal strings are
+    one object (a pointer per event, not a string)."""
+    names = np.empty(len(vocab) + 1, dtype=object)
+    names[0] = ""
+    for value, i in vocab.items():
+        names[i] = value
+    return names
 
 
 def _host_waits(
@@ -762,13 +881,14 @@ def _first_of_union(
 
 def _insufficient(df: pl.DataFrame) -> str | None:
     """Why the evidence cannot answer who is slow, or None when it can."""
-    timed = df.filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
-    if timed.height == 0:
+    timed = pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null()
+    n_timed, n_ranks = df.select(timed.sum().alias("n"), pl.col("rank").filter(timed).n_unique()).row(0)
+    if n_timed == 0:
         return (
             "insufficient: the evidence has no operation timings (e.g. Flight Recorder dumps record "
             "what was issued, not when it ran), so it cannot say who is slow"
         )
-    if timed.get_column("rank").n_unique() < 2:
+    if n_ranks < 2:
         return "insufficient: timings of a single rank; a straggler shows only against its peers"
     return None
 
@@ -784,28 +904,44 @@ def analyse_stragglers(
         raise ValueError("no operations to analyse")
     evidence = _insufficient(df)
     df, step_source = _with_steps(df, use_labels)
-    if evidence is None and df.filter(pl.col("_step") >= 0).is_empty():
+    if evidence is None and not df.select((pl.col("_step") >= 0).any()).item():
         # Too little of the job to find a step (a prefix shorter than one iteration): nothing to replay.
         evidence = "insufficient: no training step could be recovered from the input (shorter than one step?)"
-    matches = match_operations(df)
-    joined = df.select("row", "rank", "_step", "op", "start_ns", "end_ns").join(
-        matches.select("row", "group", "lateness_ns", "wait_ns", "n_members"), on="row"
+    # Window by window of whole steps: matching, the per-rank statistics' sums and the replay's per-event
+    # columns; what must be global (the send/receive pairs, the roles, which model of the host) first.
+    pairs = p2p_pairs(df.select(*_WINDOW_COLUMNS))
+    roles = infer_roles(df.drop("row", "_step")) if evidence is None else {}
+    comm = (pl.col("_step") >= 0) & (pl.col("op") != "compute")
+    n_comm, n_unissued = df.select(comm.sum().alias("n"), (comm & pl.col("enqueue_ns").is_null()).sum().alias("u")).row(
+        0
     )
-    ranks_all = sorted(joined.get_column("rank").unique().to_list())
-    in_group = joined.filter(pl.col("group") >= 0)
+    issue_model = bool(n_comm) and n_unissued == 0
+    windows = _preparation_windows(df, pairs, PREPARE_ROWS)
+    pers, lates, edge_parts, ranks_seen, columns = [], [], [], set(), []
+    vocab: dict[str, dict[str, int]] = {"label": {}, "kind": {}, "comm": {}}
+    after = pl.DataFrame(schema={"rank": df.schema["rank"], "_next": pl.Int64})
+    n_groups = 0
+    # Last window first: a window's compute rows are compared with each rank's next operation after it.
+    for lo, hi in reversed(windows):
+        in_window = pl.col("_step").is_between(lo, hi) | ((pl.col("_step") < 0) if lo == windows[0][0] else False)
+        w = df.select(*_WINDOW_COLUMNS).filter(in_window)
+        m = match_operations(w, pairs).with_columns(
+            group=pl.when(pl.col("group") >= 0).then(pl.col("group") + n_groups).otherwise(-1)
+        )
+        n_groups = max(n_groups, int(m.get_column("group").max() or 0) + 1)
+        per_w, late_w, edges_w = _window_statistics(w, m)
+        pers.append(per_w)
+        lates.append(late_w)
+        edge_parts.append(edges_w)
+        ranks_seen.update(w.get_column("rank").unique().to_list())
+        if evidence is None:
+            cols, after = _prepare_window(w, m, roles, issue_model, after, vocab)
+            columns.append(cols)
+        del w, m
+    ranks_all = sorted(ranks_seen)
 
     # Per (step, rank): lateness, waiting, time outside communication.
-    per = in_group.group_by("_step", "rank").agg(late=pl.col("lateness_ns").sum(), wait=pl.col("wait_ns").sum())
-    span = (
-        joined.filter(pl.col("_step") >= 0)
-        .group_by("_step", "rank")
-        .agg(
-            busy=(pl.col("end_ns") - pl.col("start_ns")).filter(pl.col("op") != "compute").sum(),
-            span=pl.col("end_ns").max() - pl.col("start_ns").min(),
-            compute=(pl.col("end_ns") - pl.col("start_ns")).filter(pl.col("op") == "compute").sum(),
-        )
-    )
-    per = span.join(per, on=["_step", "rank"], how="left").fill_null(0).filter(pl.col("_step") >= 0)
+    per = pl.concat(pers).sort("_step", "rank")
     per = (
         per.with_columns(
             outside=pl.when(pl.col("compute") > 0).then(pl.col("compute")).otherwise(pl.col("span") - pl.col("busy")),
@@ -825,46 +961,46 @@ def analyse_stragglers(
         consistency=pl.col("top").sum() / n_steps,
         compute_gap_growth=pl.col("gap_growth").median(),
     )
-    late_stats = in_group.group_by("rank").agg(
-        mean_lateness_ms=pl.col("lateness_ns").mean() / 1e6, waiting_ms=pl.col("wait_ns").sum() / 1e6
+    late_stats = (
+        pl.concat(lates)
+        .group_by("rank")
+        .agg(pl.col("late_sum", "late_n", "wait_sum").sum())
+        .select(
+            "rank",
+            mean_lateness_ms=pl.col("late_sum") / pl.col("late_n") / 1e6,
+            waiting_ms=pl.col("wait_sum") / 1e6,
+        )
     )
     rank_stats = (
         rank_stats.join(late_stats, on="rank", how="left")
         .with_columns(pl.col("mean_lateness_ms", "waiting_ms").fill_null(0.0))
-        .sort("straggler_index", descending=True)
+        .sort(["straggler_index", "rank"], descending=[True, False])
     )
     index_of = dict(
         zip(rank_stats.get_column("rank").to_list(), rank_stats.get_column("straggler_index").to_list(), strict=True)
     )
 
     # Causal waiting: each waiting member -> the last arriver of that instance.
-    arrivals = in_group.join(matches.select("row", "arrival_ns"), on="row")
-    last_of = arrivals.sort("arrival_ns").group_by("group").agg(waited_for=pl.col("rank").last())
     edges = (
-        arrivals.join(last_of, on="group")
-        .filter((pl.col("rank") != pl.col("waited_for")) & (pl.col("wait_ns") > 0))
+        pl.concat(edge_parts)
         .group_by("rank", "waited_for")
-        .agg(wait_ms=pl.col("wait_ns").sum() / 1e6, count=pl.len())
-        .sort("wait_ms", descending=True)
+        .agg(wait_ms=pl.col("wait_ns").sum() / 1e6, count=pl.col("count").sum().cast(pl.UInt32))
+        .sort(["wait_ms", "rank", "waited_for"], descending=[True, False, False])
         .head(50)
         .rename({"rank": "waiter"})
     )
-
-    del joined, in_group, span, arrivals, last_of  # per event: not needed by the replay
+    del pers, lates, edge_parts
     # What-if replay: observed, ideal, and one subset's slowness restored or removed at a time.
-    if evidence is None:
-        ev, arrays = _prepare_replay(df, matches)
+    if evidence is None and columns:
+        merged = {name: np.concatenate([c[name] for c in columns]) for name in columns[0]}
+        columns.clear()
+        e_obs, arrays = _prepare_replay(merged, vocab, issue_model)
     else:
-        ev, arrays = df.clear(), {}
-    del matches
-    observed = (
-        _step_times(arrays, ev.get_column("e").to_numpy().astype(np.float64) - arrays["step_start"])
-        if ev.height
-        else np.zeros(0)
-    )
+        e_obs, arrays = np.zeros(0), {}
+    observed = _step_times(arrays, e_obs.astype(np.float64) - arrays["step_start"]) if e_obs.size else np.zeros(0)
     if evidence is None and (observed.size == 0 or float(observed.sum()) <= 0):
         evidence = "insufficient: no step with timed operations on two or more ranks"
-    n_ev = ev.height
+    n_ev = e_obs.size
     n_atoms = int(arrays["atom_count"].size) if n_ev else 0
     everything, nothing = np.ones(n_atoms, bool), np.zeros(n_atoms, bool)
     coords = [

@@ -115,14 +115,24 @@ def collective_waits(df: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def match_operations(df: pl.DataFrame) -> pl.DataFrame:
+def p2p_pairs(df: pl.DataFrame) -> pl.DataFrame:
+    """(``row``, ``partner_row``): each receive among ``df``'s rows (which carry ``row``) with its send."""
+    return _pair_p2p(_events(df.filter(pl.col("is_p2p"))))
+
+
+def match_operations(df: pl.DataFrame, pairs: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per event: matched ``group`` (-1 local), ``partner_row`` (a receive's send), arrival, lateness, waiting.
 
-    ``df`` must carry a ``row`` column (row index); the result is in ``row`` order.
+    ``df`` must carry a ``row`` column (row index); the result is in ``row`` order. ``pairs`` (``p2p_pairs`` of a
+    larger table holding ``df``, e.g. the whole job when ``df`` is a window of its steps): the send/receive pairs
+    to use instead of pairing ``df``'s own point-to-point rows; those of other rows are left out.
     """
     base = _events(df)
     coll = _collectives(base)
-    pairs = _pair_p2p(base.filter(pl.col("is_p2p")))
+    if pairs is None:
+        pairs = _pair_p2p(base.filter(pl.col("is_p2p")))
+    else:
+        pairs = pairs.join(base.select("row"), on="row", how="semi")
     # A transfer is a two-member group (receive and its send) for lateness and waiting.
     p2p_members = pl.concat(
         [
