@@ -264,7 +264,7 @@ def _prepare_window(
         "step": ev.get_column("_step").to_numpy(),
         "s": ev.get_column("s").to_numpy(),
         "e": ev.get_column("e").to_numpy(),
-        "q": ev.get_column("enqueue_ns").to_numpy().astype(np.float64),
+        "q": ev.get_column("enqueue_ns").to_numpy().astype(np.float64) if issue_model else np.zeros(0),
         "group": ev.get_column("group").fill_null(-1).to_numpy(),
         "is_p2p": ev.get_column("is_p2p").fill_null(False).to_numpy(),
         "last_arrival": ev.get_column("last_arrival_ns").to_numpy().astype(np.float64),
@@ -274,7 +274,7 @@ def _prepare_window(
         "is_compute": (ev.get_column("op") == "compute").to_numpy(),
     }
     for name in ("label", "kind", "comm"):
-        cols[name] = _vocab_ids(ev.get_column(name), vocab.setdefault(name, {}))
+        cols[name] = _vocab_ids(ev.get_column(name), vocab.setdefault(name, {})).astype(np.int32)
     return cols, first.vstack(after.join(first, on="rank", how="anti"))
 
 
@@ -292,14 +292,16 @@ def _prepare_replay(
     """The replay's arrays from the windows' per-event columns (``_prepare_window``), put in program order (rank,
     step, start): per event, its previous operation, group, batch, gap and work; the ends observed."""
     order = np.lexsort((cols["row"], cols["s"], cols["step"], cols["rank"]))
-    ev = {name: values[order] for name, values in cols.items()}
-    cols.clear()
+    # One column at a time, never two copies of all (``q`` is empty without the host-issue model).
+    ev = {name: (lambda v: v[order] if v.size else v)(cols.pop(name)) for name in list(cols)}
+    del order
     n = ev["row"].size
     idx = np.arange(n)
-    r = ev["rank"]
-    st = ev["step"]
-    s = ev["s"].astype(np.float64)
-    e = ev["e"].astype(np.float64)
+    r = ev.pop("rank")
+    st = ev.pop("step")
+    s = ev.pop("s").astype(np.float64)
+    e_observed = ev.pop("e")
+    e = e_observed.astype(np.float64)
     # Program order runs across step boundaries: a rank's first operation of a step follows its
     # last one of the previous step (the replay carries each scenario's own state from step to
     # step; resetting every step to its observed start would keep a slow rank's lateness carried
@@ -317,12 +319,13 @@ def _prepare_replay(
     head = np.maximum.accumulate(np.where(~batched, idx, 0))
     prev = np.where(batched, prev[head], prev)
     _, batch = np.unique(head, return_inverse=True)
+    del same_rank, same, batched, head
     # Symmetric groups: collectives, and each matched send with its receive (a send completes only
     # once the receiver has posted the receive: it waits for a late receiver as a receive waits for
     # a late sender). Local events and unmatched P2P get a group of their own.
-    grp = ev["group"]
-    p2p = ev["is_p2p"]
-    last_arrival = ev["last_arrival"]
+    grp = ev.pop("group")
+    p2p = ev.pop("is_p2p")
+    last_arrival = ev.pop("last_arrival")
     # A member that completed before the last member arrived contradicts the match (a set-up
     # collective paired with another instance): its group is replayed as local operations, as
     # observed. Replayed as a group, the error would carry into every later step.
@@ -333,11 +336,14 @@ def _prepare_replay(
     dense = np.where(collective, grp, -1).astype(np.int64)
     dense[~collective] = grp.max(initial=-1) + 1 + np.arange(int((~collective).sum()))
     _, dense = np.unique(dense, return_inverse=True)
+    del contradicted, wrong, matched_ok
     # Receive -> index of its send in this ordering.
-    by_row = np.argsort(ev["row"])
-    at = np.minimum(np.searchsorted(ev["row"], ev["partner_row"], sorter=by_row), max(n - 1, 0))
-    found = (ev["partner_row"] >= 0) & (ev["row"][by_row[at]] == ev["partner_row"]) if n else np.zeros(0, bool)
+    rows, partner_row = ev.pop("row"), ev.pop("partner_row")
+    by_row = np.argsort(rows)
+    at = np.minimum(np.searchsorted(rows, partner_row, sorter=by_row), max(n - 1, 0))
+    found = (partner_row >= 0) & (rows[by_row[at]] == partner_row) if n else np.zeros(0, bool)
     partner = np.where(found, by_row[at] if n else at, -1).astype(np.int64)
+    del rows, partner_row, by_row, at, found, idx
     # Each step is replayed in its own time frame (relative to its first start: float32 keeps
     # 0.1 us over a step); an operation that follows one of an earlier step shifts frames.
     step_ids, inv = np.unique(st, return_inverse=True)
@@ -348,17 +354,17 @@ def _prepare_replay(
     shift = np.where(prev >= 0, step_start[safe] - step_start, 0.0)
     # Operations by number (the labels' strings, held per event, cost more than the rest together):
     # a label's id, 0 for none (no previous operation), and its occurrence in the rank's step.
-    label = ev["label"]
+    label = ev.pop("label")
     prev_label = np.where(prev >= 0, label[safe], 0)
-    occurrence = ev["occurrence"]
+    occurrence = ev.pop("occurrence")
     prev_end = np.where(prev >= 0, e[safe], s)
     if issue_model:
-        q = ev["q"]
+        q = ev.pop("q")
         # A rank's first operation is replayed as issued when it started (set-up work enqueued
         # early says nothing of the step).
         q = np.minimum(np.maximum(q, np.where(prev < 0, s, -np.inf)), s)
         prev_q = np.where(prev >= 0, q[safe], s)
-        place_id = _dense_ids(ev["program"], prev_label, label, occurrence)
+        place_id = _dense_ids(ev.pop("program"), prev_label, label, occurrence)
         # A step begins once the previous one has completed on the rank (the optimizer needs the
         # gradients): its first issue is timed from that end, so time a healthy host spent
         # waiting for a late peer's last collective is not read as its own work.
@@ -366,6 +372,7 @@ def _prepare_replay(
         sync = _host_waits(place_id, prev >= 0, q, prev_q, prev_end) | new_step
         gap = np.maximum(q - np.where(sync | (prev < 0), prev_end, prev_q), 0.0)
         launch = np.maximum(s - np.maximum(q, np.where(prev >= 0, prev_end, -np.inf)), 0.0)
+        del q, prev_q, place_id, new_step
     else:
         sync = np.ones(n, dtype=bool)
         gap = np.maximum(s - prev_end, 0.0)
@@ -378,6 +385,7 @@ def _prepare_replay(
     batch_ready = np.full(int(batch.max()) + 1 if n else 0, -np.inf)
     np.maximum.at(batch_ready, batch, ready)
     work = np.maximum(e - np.maximum(ready, batch_ready[batch]), 0.0)
+    del ready, batch_ready, prev_end, safe, e, last_arrival
     counts = np.bincount(np.unique(r * (st.max(initial=0) + 2) + st + 1, return_inverse=True)[1]) if n else np.ones(1)
     n_steps = int(np.unique(st).size) if n else 1
     arrays = {
@@ -443,7 +451,7 @@ def _prepare_replay(
         held += size
     arrays["reference_windows"] = np.array([*bounds, n], np.int64)
     arrays["plan"] = None  # planned once the references are taken (_plan_replay)
-    return ev["e"], arrays  # the replay needs nothing else of the events
+    return e_observed, arrays  # the replay needs nothing else of the events
 
 
 # Per-event arrays that the replay's windows hold themselves once planned, or that only the whole-trace
@@ -992,7 +1000,8 @@ def analyse_stragglers(
     del pers, lates, edge_parts
     # What-if replay: observed, ideal, and one subset's slowness restored or removed at a time.
     if evidence is None and columns:
-        merged = {name: np.concatenate([c[name] for c in columns]) for name in columns[0]}
+        # One column at a time, each window's part freed as it is copied: never two copies of the columns.
+        merged = {name: np.concatenate([c.pop(name) for c in columns]) for name in list(columns[0])}
         columns.clear()
         e_obs, arrays = _prepare_replay(merged, vocab, issue_model)
     else:
