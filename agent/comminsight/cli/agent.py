@@ -5,12 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from comminsight.cli.errors import OneLineErrors, fail
 
@@ -22,6 +19,8 @@ def run_command(
     home: Path | None = typer.Option(None, help="Runtime home (default: $COMMINSIGHT_HOME or /opt/comminsight)"),
 ) -> None:
     """Run the agent daemon in the foreground until SIGTERM (clean shutdown with a final seal)."""
+    from logging.handlers import RotatingFileHandler
+
     from comminsight.agent.config import load_config
     from comminsight.agent.daemon import run
 
@@ -53,6 +52,9 @@ def config_command(
     if as_json:
         typer.echo(json.dumps({k: {"value": v, "source": s} for k, v, s, _ in rows}, indent=1))
     else:
+        from rich.console import Console
+        from rich.table import Table
+
         table = Table(title=f"comminsight agent configuration (home {config.home})")
         for column in ("key", "value", "source", "meaning"):
             table.add_column(column)
@@ -81,6 +83,8 @@ def status_command(
     config = load_config(home=home)
     base = (url or f"http://{config.listen}").rstrip("/")
     import httpx
+    from rich.console import Console
+    from rich.table import Table
 
     console = Console()
     try:

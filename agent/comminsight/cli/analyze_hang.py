@@ -6,13 +6,15 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 
 from comminsight.cli.errors import fail
 from comminsight.cli.importer import load_evidence
-from comminsight.importers import EvidenceError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 class OutputFormat(str, Enum):
@@ -30,6 +32,7 @@ def hang_command(
     from comminsight.analysis.hang import analyze_hang
     from comminsight.analysis.hang_report import render_text
     from comminsight.evidence.process_groups import naming_of
+    from comminsight.importers import EvidenceError
 
     try:
         table = load_evidence(path, input_format)
@@ -43,6 +46,8 @@ def hang_command(
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
+        from rich.console import Console
+
         # Wide enough for the evidence table when piped (rich falls back to 80 columns otherwise).
         console = Console(width=None if sys.stdout.isatty() else 160)
         render_text(report, console)

@@ -1,24 +1,28 @@
 """``comminsight analyze steps|stragglers|perf PATH [--format json|text]``.
 
 Each command loads PATH through the importers, calls one analysis function and renders its
-result; the analyses themselves live in comminsight.semantic and comminsight.analysis.
+result; the analyses themselves live in comminsight.semantic and comminsight.analysis. The
+libraries a command uses (polars, the importers, rich for text output) are imported by that
+command: the command line mounts this module at start.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from contextlib import AbstractContextManager, nullcontext
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import polars as pl
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from comminsight.cli.errors import fail
 from comminsight.cli.importer import load_evidence
-from comminsight.importers import EvidenceError
+
+if TYPE_CHECKING:
+    import polars as pl
+    from rich.console import Console
 
 
 class OutputFormat(str, Enum):
@@ -26,10 +30,22 @@ class OutputFormat(str, Enum):
     json = "json"
 
 
+def _status(message: str) -> AbstractContextManager:
+    """A spinner on stderr while ``message`` is being done, on a terminal only (where rich draws one)."""
+    if not sys.stderr.isatty():
+        return nullcontext()
+    from rich.console import Console
+
+    return Console(stderr=True).status(message)
+
+
 def _load(path: Path, input_format: str | None) -> pl.DataFrame:
-    err = Console(stderr=True)
+    import polars as pl
+
+    from comminsight.importers import EvidenceError
+
     try:
-        with err.status(f"loading {path}"):
+        with _status(f"loading {path}"):
             table = load_evidence(path, input_format)
     except EvidenceError as exc:
         fail(exc)
@@ -46,6 +62,8 @@ def _emit_json(doc: dict) -> None:
 
 
 def _console() -> Console:
+    from rich.console import Console
+
     return Console(width=None if sys.stdout.isatty() else 160)
 
 
@@ -59,9 +77,10 @@ def steps_command(
     ignore_labels: bool = typer.Option(False, "--ignore-labels", help="Do not compare with the input's step labels"),
 ) -> None:
     """Recover training steps from communication alone."""
+    import polars as pl
+
     from comminsight.semantic import StepCalibration, TemplateError, builtin_templates, load_template, recover_steps
 
-    err = Console(stderr=True)
     try:
         templates = [load_template(p) for p in template] + builtin_templates()
     except TemplateError as exc:
@@ -76,7 +95,7 @@ def steps_command(
     df = _load(path, input_format)
     if ignore_labels:
         df = df.with_columns(step=pl.lit(None, dtype=pl.Int64))
-    with err.status("recovering steps"):
+    with _status("recovering steps"):
         report = recover_steps(
             df, templates=templates, use_templates=not no_templates, calibration=calibration, compute_waits=True
         )
@@ -90,6 +109,8 @@ def steps_command(
     if output_format is OutputFormat.json:
         _emit_json(doc)
         return
+    from rich.table import Table
+
     out = _console()
     out.print(f"method: [bold]{report.method}[/bold]   steps: {len(report.steps)}")
     if report.agreement:
@@ -126,12 +147,14 @@ def stragglers_command(
     from comminsight.analysis.stragglers import analyse_stragglers
 
     df = _load(path, input_format)
-    with Console(stderr=True).status("matching operations and replaying steps"):
+    with _status("matching operations and replaying steps"):
         report = analyse_stragglers(df, use_labels=not ignore_labels, min_gain=min_gain)
     doc = report.to_dict()
     if output_format is OutputFormat.json:
         _emit_json(doc)
         return
+    from rich.table import Table
+
     out = _console()
     sd = report.slowdown
     if report.evidence != "ok":
@@ -193,6 +216,8 @@ def perf_command(
     if output_format is OutputFormat.json:
         _emit_json(report)
         return
+    from rich.table import Table
+
     out = _console()
     if not report["bandwidth"]:
         out.print(report.get("note", "no bandwidth data"))

@@ -5,13 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
-from comminsight import importers
 from comminsight.cli.errors import fail
 
 app = typer.Typer(help="Export evidence to other tools (Perfetto).", no_args_is_help=True)
-_err = Console(stderr=True)
 
 
 @app.command("perfetto")
@@ -21,6 +18,9 @@ def export_perfetto(
     fmt: str | None = typer.Option(None, "--format", help="Force an importer by name instead of detecting it"),
 ) -> None:
     """Write a Chrome JSON trace (open it in ui.perfetto.dev): a track per rank and stream, flows for P2P."""
+    from rich.console import Console
+
+    from comminsight import importers
     from comminsight.export import perfetto
 
     try:
@@ -28,4 +28,4 @@ def export_perfetto(
     except importers.EvidenceError as exc:
         fail(exc)
     events = perfetto.write_trace(table, output)
-    _err.print(f"wrote {events} trace events for {table.num_rows} operations to {output}")
+    Console(stderr=True).print(f"wrote {events} trace events for {table.num_rows} operations to {output}")

@@ -4,6 +4,9 @@ The output is written to a temporary file next to OUT and renamed into place onl
 so a failed import never leaves a partial file behind. ``load_evidence`` is also what every
 ``comminsight analyze ...`` command uses to read its PATH: any importer's input, or a Parquet
 file this command wrote.
+
+Arrow, the importers and rich are imported by the functions that use them: the command line mounts
+this module at start, and a command that reads no evidence should not pay for them.
 """
 
 from __future__ import annotations
@@ -12,17 +15,14 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import typer
-from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from comminsight.cli.errors import fail
-from comminsight.evidence import SCHEMA_VERSION, conform
-from comminsight.importers import EvidenceError, detect, importers, load
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 _PARQUET_MAGIC = b"PAR1"
 _SCHEMA_KEY = b"comminsight.schema_version"
@@ -36,6 +36,12 @@ def _conformed_parquet(path: Path) -> bool:
         with path.open("rb") as f:
             if f.read(4) != _PARQUET_MAGIC:
                 return False
+    except OSError:
+        return False
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
         metadata = pq.read_schema(path).metadata or {}
     except (OSError, pa.ArrowException):
         return False
@@ -44,8 +50,15 @@ def _conformed_parquet(path: Path) -> bool:
 
 def load_evidence(path: Path, fmt: str | None = None) -> pa.Table:
     """The operations table for ``path``: an imported Parquet file, or anything an importer reads."""
+    from comminsight.importers import EvidenceError, load
+
     path = Path(path)
     if fmt is None and _conformed_parquet(path):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from comminsight.evidence import SCHEMA_VERSION, conform
+
         version = (pq.read_schema(path).metadata or {}).get(_SCHEMA_KEY, b"").decode()
         if version != SCHEMA_VERSION:
             raise EvidenceError(f"{path}: operations table schema {version!r}, this version reads {SCHEMA_VERSION!r}")
@@ -58,6 +71,8 @@ def load_evidence(path: Path, fmt: str | None = None) -> pa.Table:
 
 def write_parquet(table: pa.Table, output: Path) -> None:
     """Write ``table`` to ``output`` atomically (temporary file in the same directory, then rename)."""
+    import pyarrow.parquet as pq
+
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
@@ -78,6 +93,12 @@ def import_command(
     ),
 ) -> None:
     """Import evidence into the normalised operations table (Parquet)."""
+    import pyarrow.compute as pc
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from comminsight.importers import EvidenceError, detect
+
     err = Console(stderr=True)
     started = time.perf_counter()
     try:
@@ -105,4 +126,6 @@ def import_command(
 
 def known_formats() -> list[str]:
     """Names of the registered importers."""
+    from comminsight.importers import importers
+
     return [i.name for i in importers()]

@@ -6,12 +6,14 @@ Thin wrapper over ``comminsight_inject.installer`` (the same commands as ``pytho
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import typer
-from comminsight_inject import installer
-from comminsight_inject.__main__ import describe_status
 
 from comminsight.cli.errors import fail
+
+if TYPE_CHECKING:
+    from comminsight_inject import installer
 
 app = typer.Typer(
     help="Install the PyTorch import hook that names communicators into a workload's Python environment.",
@@ -27,6 +29,8 @@ def _fail(exc: installer.InstallError) -> None:
 @app.command("install")
 def install_command(python: str | None = PYTHON) -> None:
     """Put the .pth file and the deferred hook into the environment (venv, else user site)."""
+    from comminsight_inject import installer
+
     try:
         target, installed = installer.install(python)
     except installer.InstallError as exc:
@@ -40,6 +44,9 @@ def install_command(python: str | None = PYTHON) -> None:
 @app.command("status")
 def status_command(python: str | None = PYTHON, as_json: bool = typer.Option(False, "--json")) -> None:
     """Where the hook is installed, and which naming level applies to the installed PyTorch."""
+    from comminsight_inject import installer
+    from comminsight_inject.__main__ import describe_status
+
     try:
         facts = installer.status(python)
     except installer.InstallError as exc:
@@ -51,6 +58,8 @@ def status_command(python: str | None = PYTHON, as_json: bool = typer.Option(Fal
 @app.command("uninstall")
 def uninstall_command(python: str | None = PYTHON) -> None:
     """Remove exactly what install put there."""
+    from comminsight_inject import installer
+
     try:
         target, removed = installer.uninstall(python)
     except installer.InstallError as exc:

@@ -10,29 +10,16 @@ from __future__ import annotations
 from collections import Counter
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from comminsight.cli.errors import fail
-from comminsight.simulator.board import RankStatus
-from comminsight.simulator.plan import (
-    Crash,
-    Fault,
-    Hang,
-    Late,
-    Launch,
-    Pause,
-    SimulationConfig,
-    SlowLink,
-    Straggler,
-    build_plan,
-)
+
+if TYPE_CHECKING:
+    from comminsight.simulator.plan import Fault, SimulationConfig
 
 app = typer.Typer(help="Simulate a training job through the real profiler plugin.", no_args_is_help=True)
-console = Console(stderr=True)
 
 
 class Layout(str, Enum):
@@ -83,6 +70,8 @@ def _fault(
     phase: str | None = None,
     stage_ranks: list[int] | None = None,
 ) -> tuple[Fault, ...]:
+    from comminsight.simulator.plan import Crash, Hang, Late, Pause, SlowLink, Straggler
+
     if scenario is Scenario.none:
         return ()
     if scenario is Scenario.pause:
@@ -117,6 +106,8 @@ def _stage_ranks(options: dict) -> list[int] | None:
 
 
 def _config(**options: object) -> SimulationConfig:
+    from comminsight.simulator.plan import SimulationConfig
+
     stage_ranks = _stage_ranks(options)
     faults = _fault(
         options.pop("scenario"),  # type: ignore[arg-type]
@@ -233,7 +224,13 @@ def run_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
 ) -> None:
     """Simulate a training job: N rank processes drive the plugin exactly as NCCL would."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from comminsight.simulator.plan import build_plan
     from comminsight.simulator.runner import default_plugin_path, run_simulation
+
+    console = Console(stderr=True)
 
     try:
         config = _config(
@@ -316,6 +313,11 @@ def plan_command(
     micro_batches: int = _MICRO,
 ) -> None:
     """Print the communicators and per-rank launches a configuration would simulate; starts nothing."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from comminsight.simulator.plan import Launch, build_plan
+
     try:
         config = _config(
             layout=layout, ranks=ranks, nodes=nodes, tp=tp, pp=pp, dp=dp, steps=steps, step_ms=1.0, jitter=0.0,
@@ -347,6 +349,3 @@ def plan_command(
             ", ".join(f"{n} {f}" for f, n in sorted(funcs.items())),
         )
     out.print(ranks_table)
-
-
-__all__ = ["RankStatus", "app"]

@@ -86,15 +86,32 @@ def register(importer: Importer) -> Importer:
     return importer
 
 
+def _import_builtin(module: str) -> None:
+    try:
+        import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+
+
 def importers() -> list[Importer]:
     """Registered importers in detection order, loading the built-in modules that exist."""
     for module in _BUILTIN_MODULES:
-        try:
-            import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+        _import_builtin(module)
     return list(_REGISTRY.values())
+
+
+def _in_detection_order() -> Iterator[Importer]:
+    """The order of :func:`importers`, each built-in module imported only once the ones before it
+    have been tried: a trace found by the fourth importer does not pay for the modules of the last two."""
+    tried: set[str] = set()
+    for module in (*_BUILTIN_MODULES, None):
+        if module is not None:
+            _import_builtin(module)
+        for name, importer in list(_REGISTRY.items()):
+            if name not in tried:
+                tried.add(name)
+                yield importer
 
 
 def detect(path: Path) -> Importer:
@@ -102,7 +119,7 @@ def detect(path: Path) -> Importer:
     path = Path(path)
     if not path.exists():
         raise EvidenceError(f"{path}: no such file or directory")
-    for importer in importers():
+    for importer in _in_detection_order():
         if importer.detect(path):
             return importer
     names = ", ".join(i.name for i in importers())

@@ -9,14 +9,15 @@ the rows its segments give in a home. Archives are read with
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import zstandard
-
-from comminsight.formats.archive import KIND, ArchiveError, read_archive
-from comminsight.formats.operations import SegmentRecords, operations
-from comminsight.formats.rawlog import RawLogError, segment_records
 from comminsight.importers import EvidenceError, Importer, register
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# The archive and record modules (zstandard, tarfile, the C header's layout) are imported once a
+# path is an archive: detection runs on every path an analysis reads.
 
 
 def detect(path: Path) -> bool:
@@ -24,6 +25,10 @@ def detect(path: Path) -> bool:
     path = Path(path)
     if not path.is_file() or not path.name.endswith(".tar.zst"):
         return False
+    import zstandard
+
+    from comminsight.formats.archive import KIND
+
     try:
         with open(path, "rb") as handle:
             head = zstandard.ZstdDecompressor().stream_reader(handle).read(1 << 16)
@@ -34,6 +39,10 @@ def detect(path: Path) -> bool:
 
 def load(path: Path) -> pa.Table:
     """All segments of an archive as one operations table (the same rows as the segments in a home give)."""
+    from comminsight.formats.archive import ArchiveError, read_archive
+    from comminsight.formats.operations import SegmentRecords, operations
+    from comminsight.formats.rawlog import RawLogError, segment_records
+
     path = Path(path)
     parts = []
     try:

@@ -15,7 +15,6 @@ from typing import Any
 import pyarrow as pa
 
 from comminsight.evidence.process_groups import TableError, apply_to_operations, load_tables, parse_table
-from comminsight.formats.archive import ArchiveError, read_archive
 
 log = logging.getLogger("comminsight.importers.names")
 MAX_ARCHIVES = 4096  # archives of one directory whose tables are read
@@ -23,6 +22,8 @@ MAX_ARCHIVES = 4096  # archives of one directory whose tables are read
 
 def archive_tables(path: Path) -> list[dict[str, Any]]:
     """The process-group tables of one archive; a bad table is skipped with a warning naming it."""
+    from comminsight.formats.archive import ArchiveError, read_archive  # tarfile, zstandard: for archives only
+
     tables = []
     try:
         _, members = read_archive(path)

@@ -12,13 +12,17 @@ a segment, a directory of segments, or a COMMINSIGHT_HOME holding ``inspector_lo
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
-from comminsight.formats import operations
-from comminsight.formats import rawlog as rawlog_format
-from comminsight.formats.header import constants
 from comminsight.importers import EvidenceError, Importer, directory_holds, evidence_files, register
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from comminsight.formats import operations
+
+# The record modules (the C header's layout through cffi) are imported once a file is named like a
+# segment: detection runs on every path an analysis reads.
 
 NAME = "rawlog"
 MAX_SEGMENT_BYTES = 8 << 30
@@ -31,6 +35,8 @@ def _is_segment_name(path: Path) -> bool:
 
 
 def _has_magic(path: Path) -> bool:
+    from comminsight.formats.header import constants
+
     try:
         with path.open("rb") as f:
             head = f.read(8)
@@ -60,6 +66,9 @@ def detect(path: Path) -> bool:
 
 
 def _read(segment: Path) -> operations.SegmentRecords:
+    from comminsight.formats import operations
+    from comminsight.formats import rawlog as rawlog_format
+
     try:
         hdr, records, _ = rawlog_format.read_segment_records(segment, max_bytes=MAX_SEGMENT_BYTES)
     except rawlog_format.RawLogError as exc:
@@ -77,6 +86,8 @@ def load(path: Path) -> pa.Table:
     segments = _segments(path)
     if not segments:
         raise EvidenceError(f"{path}: no raw-log segments (*.cilog, *.cilog.sealed)")
+    from comminsight.formats import operations
+
     return operations.operations([_read(segment) for segment in segments])
 
 

@@ -1,0 +1,93 @@
+"""A command loads the libraries it uses and no others: what a user pays for each run of ``comminsight``.
+
+Each run is a fresh interpreter, so every module imported is paid for again: ``import comminsight.cli``
+once loaded Arrow, polars, numpy, rich, the simulator and the agent's code for every command, and
+pyarrow loaded pandas (about 0.25 s of CPU, half the analysis of a small trace) wherever it was
+installed. These tests read the modules a real process ended with; they time nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import comminsight_inject
+import pytest
+
+import comminsight
+
+RECORDED = Path(__file__).resolve().parents[1] / "data" / "kineto_gpu_lab_8rank"
+
+# Prints, at exit, the top-level and comminsight modules the process imported (after main()'s exit).
+_REPORT = (
+    "import atexit, json, sys\n"
+    "atexit.register(lambda: sys.stderr.write('MODULES ' + json.dumps(sorted(sys.modules)) + '\\n'))\n"
+)
+
+
+def _run(code: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    # A stand-in pandas that fails loudly when imported: the command must not import it, even where
+    # pandas is installed (as it is beside HolisticTraceAnalysis).
+    fake = tmp_path / "fake_site" / "pandas"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise RuntimeError('pandas was imported')\n")
+    path = [str(fake.parent), str(Path(comminsight.__file__).parents[1])]
+    path.append(str(Path(comminsight_inject.__file__).parents[1]))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _REPORT + code], capture_output=True, text=True, env=env, check=False, timeout=300
+    )
+    lines = [line for line in done.stderr.splitlines() if line.startswith("MODULES ")]
+    assert lines, done.stderr[-2000:]
+    return done, set(json.loads(lines[-1].removeprefix("MODULES ")))
+
+
+def test_starting_the_command_line_loads_no_analysis_library(tmp_path: Path) -> None:
+    _, modules = _run("import comminsight.cli", tmp_path)
+    heavy = {"pyarrow", "polars", "numpy", "pandas", "rich", "httpx", "msgspec", "cffi", "zstandard"}
+    assert heavy & modules == set()
+    assert {m for m in modules if m.startswith(("comminsight.simulator", "comminsight.agent."))} == set()
+
+
+def test_analyze_stragglers_on_kineto_traces_loads_only_what_it_uses(tmp_path: Path) -> None:
+    if not (RECORDED / "meta.json").is_file():
+        pytest.skip("recorded Kineto traces are not in this checkout")
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for path in RECORDED.glob("*.pt.trace.json.gz"):
+        shutil.copy(path, traces / path.name)
+    done, modules = _run(
+        "import sys\n"
+        "from comminsight.cli import main\n"
+        f"sys.argv = ['comminsight', 'analyze', 'stragglers', {str(traces)!r}, '--format', 'json']\n"
+        "main()\n",
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    meta = json.loads((RECORDED / "meta.json").read_text())
+    assert json.loads(done.stdout)["culprits"] == [meta["ground_truth"]["slow_rank"]]
+    # What the analysis needs...
+    assert {"pyarrow", "polars", "numpy", "msgspec", "comminsight.importers.kineto"} <= modules
+    # ... and nothing else: no pandas, no terminal rendering for JSON output, no HTTP client, no other
+    # command's code, no importer tried after the one that recognised the traces, no step recovery
+    # for traces that label their steps.
+    unused = {
+        "pandas",
+        "rich",
+        "httpx",
+        "pyarrow.parquet",
+        "zstandard",
+        "cffi",
+        "comminsight.analysis.hang",
+        "comminsight.formats.operations",
+        "comminsight.importers.nccl_inspector",
+        "comminsight.importers.table",
+        "comminsight.semantic.steps",
+        "comminsight.semantic.engine",
+    }
+    assert unused & modules == set()
+    assert {m for m in modules if m.startswith(("comminsight.simulator", "comminsight.agent."))} == set()
