@@ -209,3 +209,26 @@ def test_preparation_windows_never_cut_a_collective_or_a_transfer_across_steps()
     assert pairs.height == 1
     assert stragglers._preparation_windows(df, pairs, 1) == [(0, 0), (1, 2), (3, 4)]
     assert stragglers._preparation_windows(df, pairs.clear(), 1) == [(0, 0), (1, 2), (3, 3), (4, 4)]
+
+
+def test_windows_are_prepared_alone_in_any_order(tmp_path: Path) -> None:
+    # What a window needs of the others comes from the plan (pairs, roles, each rank's next start), so map tasks
+    # over step windows can prepare them in any order, on any worker.
+    table = _generated_pipeline(tmp_path).with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
+    table = table.with_columns(_step=pl.col("step"))
+    plan = stragglers.plan_preparation(table, max_rows=1)
+    assert len(plan.windows) == 6
+    forward = [stragglers.prepare_window(table, plan, i) for i in range(6)]
+    backward = [stragglers.prepare_window(table, plan, i) for i in reversed(range(6))][::-1]
+    for a, b in zip(forward, backward, strict=True):
+        assert a.columns.keys() == b.columns.keys()
+        # Matched groups are numbered in no particular order: the same events must form the same groups.
+        assert all(np.array_equal(a.columns[k], b.columns[k], equal_nan=True) for k in a.columns if k != "group")
+        pairs = np.unique(np.c_[a.columns["group"], b.columns["group"]], axis=0)
+        assert np.unique(pairs[:, 0]).size == np.unique(pairs[:, 1]).size == pairs.shape[0]
+        assert a.vocab == b.vocab
+        assert a.per.sort("_step", "rank").equals(b.per.sort("_step", "rank"))
+    # Cut into windows or not, the replay keeps the same events (each rank's next start comes from the plan).
+    whole = stragglers.plan_preparation(table, max_rows=1 << 40)
+    one = stragglers.prepare_window(table, whole, 0)
+    assert sum(p.columns["row"].size for p in forward) == one.columns["row"].size

@@ -35,6 +35,10 @@
    scenarios are unions of atoms (a rank's events of one communicator and kind, matched or not,
    compute or not): the decision reads atom masks and per-atom, per-step sums, nothing per event.
    Without timings the report says the evidence is insufficient instead of guessing.
+
+Matching, the indices' per-step sums and the replay's per-event columns are prepared window by window of whole
+steps (``_preparation_windows``: no window cuts a collective or a send/receive pair), last window first; the
+windows' columns are then merged for the numpy part of the preparation, which runs over every event at once.
 """
 
 from __future__ import annotations
@@ -182,6 +186,125 @@ def _preparation_windows(df: pl.DataFrame, pairs: pl.DataFrame, max_rows: int) -
     return [(int(steps[a]), int(steps[b - 1])) for a, b in pairwise(bounds)]
 
 
+@dataclass
+class PreparationPlan:
+    """What preparing a window of whole steps needs of the whole table, found first over a few columns: the windows
+    (``_preparation_windows``), the send/receive pairs, the communicators' roles, whether the host-issue model
+    applies, and per (rank, step) the start of the rank's first operation the replay keeps (``next_starts``, sorted:
+    a window's compute rows are compared with the rank's next operation, which may lie in a later window). A window
+    is then prepared alone (``prepare_window``), in any order."""
+
+    windows: list[tuple[int, int]]
+    pairs: pl.DataFrame
+    roles: dict[str, str]
+    issue_model: bool
+    prepare: bool  # the replay's columns too (the evidence has timings)
+    next_starts: pl.DataFrame
+
+    def after(self, index: int) -> pl.DataFrame:
+        """Per rank, the start of its first kept operation after window ``index`` (ranks without one left out)."""
+        hi = self.windows[index][1]
+        later = self.next_starts.filter(pl.col("_step") > hi)
+        return later.group_by("rank", maintain_order=True).agg(_next=pl.col("s").first())
+
+
+@dataclass
+class WindowPart:
+    """One window's preparation: its share of the per-rank statistics (sums), the ranks it holds, how many matched
+    groups it numbered (from 0), and the replay's per-event columns with strings as ids (from 1) of ``vocab``."""
+
+    per: pl.DataFrame
+    late: pl.DataFrame
+    edges: pl.DataFrame
+    ranks: list[int]
+    n_groups: int
+    columns: dict[str, np.ndarray]
+    vocab: dict[str, list[str]]
+
+
+def plan_preparation(df: pl.DataFrame, prepare: bool = True, max_rows: int | None = None) -> PreparationPlan:
+    """The plan of a windowed preparation of ``df`` (which carries ``row`` and ``_step``)."""
+    pairs = p2p_pairs(df.select(*_WINDOW_COLUMNS))
+    comm = (pl.col("_step") >= 0) & (pl.col("op") != "compute")
+    n_comm, n_unissued = df.select(comm.sum().alias("n"), (comm & pl.col("enqueue_ns").is_null()).sum().alias("u")).row(
+        0
+    )
+    issue_model = bool(n_comm) and n_unissued == 0
+    kept = df.lazy().filter(comm if issue_model else pl.col("_step") >= 0)
+    next_starts = (
+        kept.select("rank", "_step", s=pl.coalesce("start_ns", "enqueue_ns"))
+        .filter(pl.col("s").is_not_null())
+        .group_by("rank", "_step")
+        .agg(pl.col("s").min())
+        .sort("rank", "_step")
+        .collect()
+    )
+    return PreparationPlan(
+        windows=_preparation_windows(df, pairs, PREPARE_ROWS if max_rows is None else max_rows),
+        pairs=pairs,
+        roles=infer_roles(df.drop("row", "_step")) if prepare else {},
+        issue_model=issue_model,
+        prepare=prepare,
+        next_starts=next_starts,
+    )
+
+
+def prepare_window(df: pl.DataFrame, plan: PreparationPlan, index: int) -> WindowPart:
+    """Window ``index`` of ``plan`` prepared from ``df``'s rows of its steps (rows before the first recovered step
+    go with the first window): matching, the statistics' sums, the replay's columns."""
+    lo, hi = plan.windows[index]
+    in_window = pl.col("_step").is_between(lo, hi)
+    if index == 0:
+        in_window = in_window | (pl.col("_step") < 0)
+    w = df.select(*_WINDOW_COLUMNS).filter(in_window)
+    m = match_operations(w, plan.pairs)
+    per, late, edges = _window_statistics(w, m)
+    columns: dict[str, np.ndarray] = {}
+    vocab: dict[str, list[str]] = {}
+    if plan.prepare:
+        columns, vocab = _prepare_window(w, m, plan.roles, plan.issue_model, plan.after(index))
+    return WindowPart(
+        per=per,
+        late=late,
+        edges=edges,
+        ranks=w.get_column("rank").unique().to_list(),
+        n_groups=int(m.get_column("group").max() or 0) + 1 if m.height else 0,
+        columns=columns,
+        vocab=vocab,
+    )
+
+
+def _merge_windows(
+    parts: list[WindowPart],
+) -> tuple[list[pl.DataFrame], list[pl.DataFrame], list[pl.DataFrame], list[int], list[dict], dict]:
+    """The windows' parts, in window order, with their groups and strings numbered across the job: (per-step
+    statistics, per-rank sums, waiting edges, every rank, the replay's columns, the shared vocabularies). Each part's
+    columns are handed over (the parts keep none)."""
+    vocab: dict[str, dict[str, int]] = {"label": {}, "kind": {}, "comm": {}}
+    ranks: set[int] = set()
+    columns: list[dict] = []
+    offset = 0
+    for part in parts:
+        ranks.update(part.ranks)
+        if part.columns:
+            cols = part.columns
+            cols["group"] = np.where(cols["group"] >= 0, cols["group"] + offset, -1)
+            for name, ids in vocab.items():
+                remap = np.array([0, *(ids.setdefault(v, len(ids) + 1) for v in part.vocab[name])], np.int32)
+                cols[name] = remap[cols[name]]
+            columns.append(cols)
+            part.columns = {}
+        offset += part.n_groups
+    return (
+        [p.per for p in parts],
+        [p.late for p in parts],
+        [p.edges for p in parts],
+        sorted(ranks),
+        columns,
+        vocab,
+    )
+
+
 def _window_statistics(w: pl.DataFrame, m: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """One window's share of the per-rank statistics: per (step, rank) lateness, waiting, busy time, span and
     compute; per rank the sums behind the mean lateness and the waiting; per (waiter, waited-for) the waiting
@@ -215,11 +338,10 @@ def _window_statistics(w: pl.DataFrame, m: pl.DataFrame) -> tuple[pl.DataFrame, 
 
 
 def _prepare_window(
-    w: pl.DataFrame, m: pl.DataFrame, roles: dict[str, str], issue_model: bool, after: pl.DataFrame, vocab: dict
-) -> tuple[dict[str, np.ndarray], pl.DataFrame]:
-    """The replay's per-event columns of one window of whole steps (numpy; strings as ids of ``vocab``, shared by
-    every window), and per rank the start of its first operation here (what the window before reads as ``after``:
-    per rank, the start of its next operation after this window, if any)."""
+    w: pl.DataFrame, m: pl.DataFrame, roles: dict[str, str], issue_model: bool, after: pl.DataFrame
+) -> tuple[dict[str, np.ndarray], dict[str, list[str]]]:
+    """The replay's per-event columns of one window of whole steps (numpy; strings as ids, from 1, of the window's
+    own vocabularies, returned beside them). ``after``: per rank, the start of its next operation after the window."""
     # Only the columns the replay reads: the table's other columns (lists of members, names) would be
     # carried through every join and sort below.
     ev = w.select(*REPLAY_COLUMNS).filter(pl.col("_step") >= 0)
@@ -230,7 +352,6 @@ def _prepare_window(
         ev = ev.filter(pl.col("op") != "compute")
     ev = ev.with_columns(s=pl.coalesce("start_ns", "enqueue_ns"), e=pl.coalesce("end_ns", "start_ns", "enqueue_ns"))
     ev = ev.filter(pl.col("s").is_not_null()).sort("rank", "_step", "s", "row")
-    first = ev.group_by("rank").agg(_next=pl.col("s").first())
     # A compute row that spans the rank's next operation (here or in a later window) is an annotation (a
     # profiler's step span), not work the rank did before it.
     following = pl.col("s").shift(-1).over("rank").fill_null(pl.col("_next"))
@@ -273,9 +394,12 @@ def _prepare_window(
         "program": ev.get_column("program").to_numpy(),
         "is_compute": (ev.get_column("op") == "compute").to_numpy(),
     }
+    vocab: dict[str, list[str]] = {}
     for name in ("label", "kind", "comm"):
-        cols[name] = _vocab_ids(ev.get_column(name), vocab.setdefault(name, {})).astype(np.int32)
-    return cols, first.vstack(after.join(first, on="rank", how="anti"))
+        ids: dict[str, int] = {}
+        cols[name] = _vocab_ids(ev.get_column(name), ids).astype(np.int32)
+        vocab[name] = list(ids)
+    return cols, vocab
 
 
 def _vocab_ids(values: pl.Series, vocab: dict[str, int]) -> np.ndarray:
@@ -917,36 +1041,10 @@ def analyse_stragglers(
         evidence = "insufficient: no training step could be recovered from the input (shorter than one step?)"
     # Window by window of whole steps: matching, the per-rank statistics' sums and the replay's per-event
     # columns; what must be global (the send/receive pairs, the roles, which model of the host) first.
-    pairs = p2p_pairs(df.select(*_WINDOW_COLUMNS))
-    roles = infer_roles(df.drop("row", "_step")) if evidence is None else {}
-    comm = (pl.col("_step") >= 0) & (pl.col("op") != "compute")
-    n_comm, n_unissued = df.select(comm.sum().alias("n"), (comm & pl.col("enqueue_ns").is_null()).sum().alias("u")).row(
-        0
-    )
-    issue_model = bool(n_comm) and n_unissued == 0
-    windows = _preparation_windows(df, pairs, PREPARE_ROWS)
-    pers, lates, edge_parts, ranks_seen, columns = [], [], [], set(), []
-    vocab: dict[str, dict[str, int]] = {"label": {}, "kind": {}, "comm": {}}
-    after = pl.DataFrame(schema={"rank": df.schema["rank"], "_next": pl.Int64})
-    n_groups = 0
-    # Last window first: a window's compute rows are compared with each rank's next operation after it.
-    for lo, hi in reversed(windows):
-        in_window = pl.col("_step").is_between(lo, hi) | ((pl.col("_step") < 0) if lo == windows[0][0] else False)
-        w = df.select(*_WINDOW_COLUMNS).filter(in_window)
-        m = match_operations(w, pairs).with_columns(
-            group=pl.when(pl.col("group") >= 0).then(pl.col("group") + n_groups).otherwise(-1)
-        )
-        n_groups = max(n_groups, int(m.get_column("group").max() or 0) + 1)
-        per_w, late_w, edges_w = _window_statistics(w, m)
-        pers.append(per_w)
-        lates.append(late_w)
-        edge_parts.append(edges_w)
-        ranks_seen.update(w.get_column("rank").unique().to_list())
-        if evidence is None:
-            cols, after = _prepare_window(w, m, roles, issue_model, after, vocab)
-            columns.append(cols)
-        del w, m
-    ranks_all = sorted(ranks_seen)
+    plan = plan_preparation(df, prepare=evidence is None)
+    parts = [prepare_window(df, plan, i) for i in range(len(plan.windows))]
+    pers, lates, edge_parts, ranks_all, columns, vocab = _merge_windows(parts)
+    del parts
 
     # Per (step, rank): lateness, waiting, time outside communication.
     per = pl.concat(pers).sort("_step", "rank")
@@ -1003,7 +1101,7 @@ def analyse_stragglers(
         # One column at a time, each window's part freed as it is copied: never two copies of the columns.
         merged = {name: np.concatenate([c.pop(name) for c in columns]) for name in list(columns[0])}
         columns.clear()
-        e_obs, arrays = _prepare_replay(merged, vocab, issue_model)
+        e_obs, arrays = _prepare_replay(merged, vocab, plan.issue_model)
     else:
         e_obs, arrays = np.zeros(0), {}
     observed = _step_times(arrays, e_obs.astype(np.float64) - arrays["step_start"]) if e_obs.size else np.zeros(0)
