@@ -16,11 +16,24 @@ Traces used, in order:
   recognises) with the collective args PyTorch writes. One rank (``--slow-rank``) computes
   ``--slow-factor`` times slower, so it reaches every all-reduce last while the others wait.
 
+- ``--sets``: several of the above in one run, by name: ``recorded``, ``small`` (generated, 8 ranks x 20
+  steps, 1 GEMM per bucket, 2.0 MB), ``medium`` (8 GEMMs per bucket, 8.4 MB), ``large`` (40 steps,
+  24 GEMMs per bucket, 46 MB); a summary table of every ratio closes the run.
+
+Two measures, both printed with the median over rounds and the range:
+- in one process (``--rounds``): both tools imported and run once first, then alternately, each after
+  a full garbage collection; wall seconds and CPU seconds (HTA's parse workers included);
+- in fresh processes (``--cold-rounds``), as a user runs each: ``comminsight analyze stragglers DIR
+  --format json`` against a three-line HTA script, alternately, imports included. Each runs once first,
+  not counted, with ``PYTHONDONTWRITEBYTECODE`` removed from its environment, so both start from
+  bytecode caches as an installed package does (pip compiles them at install; HTA's are in
+  site-packages) and the traces are in the page cache for both.
+
 HTA is a benchmark-only dependency (requirements/bench.txt); without it the comparison is skipped
 with a message and only CommInsight is timed.
 
-    .venv/bin/python bench/stragglers.py [--traces DIR | --synthetic [--ranks 8] [--steps 20] [--slow-rank 5]]
-        [--rounds 9] [--cold-rounds 5]  (cold: each tool in a fresh process, imports included)
+    .venv/bin/python bench/stragglers.py [--traces DIR | --synthetic [--ranks 8] [--steps 20] [--slow-rank 5]
+        | --sets recorded,small,medium,large] [--rounds 9] [--cold-rounds 5]
 """
 
 from __future__ import annotations
@@ -283,7 +296,11 @@ def copy_recorded(src: Path, dst: Path, rename_kernels: bool = False) -> int:
     return total
 
 
-def report(trace_dir: Path, truth: str, rounds: int, hta_dir: Path | None = None) -> None:
+def _spread(values: list[float]) -> str:
+    return f"x{statistics.median(values):.1f} (x{min(values):.1f}-x{max(values):.1f})"
+
+
+def report(trace_dir: Path, truth: str, rounds: int, hta_dir: Path | None = None) -> dict[str, str]:
     """Runs both tools on ``trace_dir``, alternately for ``rounds`` rounds, and prints the answers and
     the time ratio (median over rounds of HTA's seconds over CommInsight's, each end to end: reading
     the traces plus the straggler analysis, in this process, after both tools were imported and ran
@@ -294,7 +311,7 @@ def report(trace_dir: Path, truth: str, rounds: int, hta_dir: Path | None = None
         if hta_dir is None or hta.startswith("HolisticTraceAnalysis is not installed"):
             ours_load, ours_run, culprits, slowdown = run_comminsight(trace_dir)
             print(f"CommInsight: load {ours_load:.3f} s + analysis {ours_run:.3f} s; culprits {culprits}")
-            return
+            return {}
         print("HTA again, on a copy with ncclDevKernel_* renamed ncclKernel_* (its pre-NCCL-2.19 prefix):")
         trace_for_hta = hta_dir
     else:
@@ -315,7 +332,7 @@ def report(trace_dir: Path, truth: str, rounds: int, hta_dir: Path | None = None
         cpu2 = _cpu_seconds()
         if isinstance(hta, str):
             print(hta)
-            return
+            return {}
         hta_parse, hta_run, hta_answer = hta
         ours, theirs = ours_load + ours_run, hta_parse + hta_run
         ours_times.append(ours)
@@ -343,6 +360,11 @@ def report(trace_dir: Path, truth: str, rounds: int, hta_dir: Path | None = None
         f"same culprit: {bool(ours_top) and ours_top == hta_top} | truth {truth} | CommInsight {ours_top} | "
         f"HTA {hta_top}"
     )
+    return {
+        "one process, wall": _spread(ratios),
+        "one process, CPU": _spread(cpu_ratios),
+        "culprits": f"{culprits} / HTA {hta_answer} / truth {truth}",
+    }
 
 
 _HTA_SCRIPT = (
@@ -352,11 +374,18 @@ _HTA_SCRIPT = (
 )
 
 
+def _user_environment() -> dict[str, str]:
+    """This environment, less what makes a fresh interpreter slower than a user's: without bytecode
+    caches (PYTHONDONTWRITEBYTECODE, set in some development shells) every module of the source tree
+    would be compiled again in every run."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def _timed_process(argv: list[str]) -> tuple[float, float, str]:
     """(wall seconds, CPU seconds of the process and its children, stdout) of one fresh process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=_user_environment())
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode:
@@ -365,15 +394,24 @@ def _timed_process(argv: list[str]) -> tuple[float, float, str]:
     return wall, cpu, done.stdout
 
 
-def cold_report(trace_dir: Path, hta_dir: Path, rounds: int) -> None:
+def cold_report(trace_dir: Path, hta_dir: Path, rounds: int) -> dict[str, str]:
     """Each tool as a user runs it, in a fresh interpreter per round (imports included), alternately:
-    ``comminsight analyze stragglers DIR --format json`` against a three-line HTA script."""
+    ``comminsight analyze stragglers DIR --format json`` against a three-line HTA script. A first run
+    of each is not counted (it writes any missing bytecode cache and reads the traces into the page cache)."""
     cli = [sys.executable, "-c", "from comminsight.cli import main; main()", "analyze", "stragglers"]
+    ours_argv = [*cli, str(trace_dir), "--format", "json"]
+    hta_argv = [sys.executable, "-c", _HTA_SCRIPT, str(hta_dir)]
+    try:
+        first_ours, first_hta = _timed_process(ours_argv), _timed_process(hta_argv)
+    except RuntimeError as exc:
+        print(f"fresh processes skipped: {exc}")
+        return {}
+    print(f"first fresh runs, not counted: CommInsight {first_ours[0]:.3f} s, HTA {first_hta[0]:.3f} s")
     ours_wall, ours_cpu, hta_wall, hta_cpu = [], [], [], []
     for round_ in range(rounds):
-        wall, cpu, out = _timed_process([*cli, str(trace_dir), "--format", "json"])
+        wall, cpu, out = _timed_process(ours_argv)
         culprits = json.loads(out)["culprits"]
-        theirs_wall, theirs_cpu, answer = _timed_process([sys.executable, "-c", _HTA_SCRIPT, str(hta_dir)])
+        theirs_wall, theirs_cpu, answer = _timed_process(hta_argv)
         ours_wall.append(wall)
         ours_cpu.append(cpu)
         hta_wall.append(theirs_wall)
@@ -392,6 +430,51 @@ def cold_report(trace_dir: Path, hta_dir: Path, rounds: int) -> None:
         f"(min x{min(wall_ratios):.1f}, max x{max(wall_ratios):.1f}), x{statistics.median(cpu_ratios):.1f} CPU "
         f"(min x{min(cpu_ratios):.1f}, max x{max(cpu_ratios):.1f})"
     )
+    return {
+        "fresh, wall": _spread(wall_ratios),
+        "fresh, CPU": _spread(cpu_ratios),
+        "fresh CommInsight CPU s": f"{statistics.median(ours_cpu):.3f} ({min(ours_cpu):.3f}-{max(ours_cpu):.3f})",
+        "fresh HTA CPU s": f"{statistics.median(hta_cpu):.3f} ({min(hta_cpu):.3f}-{max(hta_cpu):.3f})",
+    }
+
+
+# Generated sets by name: (steps, compute kernels per bucket); 8 ranks, rank 5 computes x1.3.
+GENERATED = {"small": (20, 1), "medium": (20, 8), "large": (40, 24)}
+
+
+def run_set(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, str]:
+    """One set of traces (``recorded`` or a generated one), both measures; the summary of its ratios."""
+    trace_dir = tmp / name / "traces"
+    trace_dir.mkdir(parents=True)
+    if name == "recorded":
+        size = copy_recorded(args.traces, trace_dir)
+        meta_path = args.traces / "meta.json"
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        truth = meta.get("ground_truth", {}).get("slow_rank", "?")
+        print(
+            f"RECORDED Kineto traces ({args.traces}): {len(list(trace_dir.iterdir()))} ranks, "
+            f"{size / 1e6:.2f} MB gzipped, {meta.get('versions', {})}; injected: "
+            f"{meta.get('ground_truth', {}).get('injected', 'unknown')}"
+        )
+        hta_dir = tmp / name / "hta_compat"
+        hta_dir.mkdir()
+        copy_recorded(args.traces, hta_dir, rename_kernels=True)
+        summary = report(trace_dir, f"[{truth}]", args.rounds, hta_dir)
+        if args.cold_rounds:
+            summary |= cold_report(trace_dir, hta_dir, args.cold_rounds)
+        return {"traces": f"recorded, {size / 1e6:.2f} MB gzip"} | summary
+    steps, kernels = GENERATED.get(name, (args.steps, args.kernels))
+    write_traces(trace_dir, args.ranks, steps, args.slow_rank, args.slow_factor, kernels)
+    size = sum(p.stat().st_size for p in trace_dir.iterdir())
+    print(
+        f"SYNTHETIC Kineto traces (generated, not recorded on GPUs): {args.ranks} ranks x {steps} steps, "
+        f"{kernels} compute kernel(s) per bucket, {size / 1e6:.1f} MB, known slow rank {args.slow_rank} "
+        f"(x{args.slow_factor} compute)"
+    )
+    summary = report(trace_dir, f"[{args.slow_rank}]", args.rounds)
+    if args.cold_rounds:
+        summary |= cold_report(trace_dir, trace_dir, args.cold_rounds)
+    return {"traces": f"generated {name}, {size / 1e6:.1f} MB"} | summary
 
 
 def main() -> None:
@@ -407,39 +490,25 @@ def main() -> None:
     parser.add_argument(
         "--cold-rounds", type=int, default=0, help="also: alternating runs of each tool in a fresh process"
     )
+    parser.add_argument("--sets", default="", help="comma-separated: recorded, small, medium, large")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()}, {os.cpu_count()} CPUs")
-    recorded = not args.synthetic and args.traces.is_dir() and any(args.traces.glob("*.pt.trace.json.gz"))
+    if args.sets:
+        names = [n.strip() for n in args.sets.split(",") if n.strip()]
+        unknown = [n for n in names if n != "recorded" and n not in GENERATED]
+        if unknown:
+            parser.error(f"unknown set(s) {unknown}: recorded, {', '.join(GENERATED)}")
+    else:
+        recorded = not args.synthetic and args.traces.is_dir() and any(args.traces.glob("*.pt.trace.json.gz"))
+        names = ["recorded" if recorded else "synthetic"]
+    summaries = []
     with tempfile.TemporaryDirectory(prefix="ci-bench-kineto-") as tmp:
-        trace_dir = Path(tmp) / "traces"
-        trace_dir.mkdir()
-        if recorded:
-            size = copy_recorded(args.traces, trace_dir)
-            meta_path = args.traces / "meta.json"
-            meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-            truth = meta.get("ground_truth", {}).get("slow_rank", "?")
-            print(
-                f"RECORDED Kineto traces ({args.traces}): {len(list(trace_dir.iterdir()))} ranks, "
-                f"{size / 1e6:.2f} MB gzipped, {meta.get('versions', {})}; injected: "
-                f"{meta.get('ground_truth', {}).get('injected', 'unknown')}"
-            )
-            hta_dir = Path(tmp) / "hta_compat"
-            hta_dir.mkdir()
-            copy_recorded(args.traces, hta_dir, rename_kernels=True)
-            report(trace_dir, f"[{truth}]", args.rounds, hta_dir)
-            if args.cold_rounds:
-                cold_report(trace_dir, hta_dir, args.cold_rounds)
-            return
-        write_traces(trace_dir, args.ranks, args.steps, args.slow_rank, args.slow_factor, args.kernels)
-        size = sum(p.stat().st_size for p in trace_dir.iterdir())
-        print(
-            f"SYNTHETIC Kineto traces (generated, not recorded on GPUs): {args.ranks} ranks x {args.steps} steps, "
-            f"{args.kernels} compute kernel(s) per bucket, {size / 1e6:.1f} MB, known slow rank {args.slow_rank} "
-            f"(x{args.slow_factor} compute)"
-        )
-        report(trace_dir, f"[{args.slow_rank}]", args.rounds)
-        if args.cold_rounds:
-            cold_report(trace_dir, trace_dir, args.cold_rounds)
+        for name in names:
+            print()
+            summaries.append(run_set(name, args, Path(tmp)))
+    print(f"\nsummary (HTA / CommInsight, median (min-max)); load average now {os.getloadavg()[0]:.1f}")
+    for summary in summaries:
+        print("  " + "; ".join(f"{key}: {value}" for key, value in summary.items()))
 
 
 if __name__ == "__main__":
