@@ -232,3 +232,30 @@ def test_windows_are_prepared_alone_in_any_order(tmp_path: Path) -> None:
     whole = stragglers.plan_preparation(table, max_rows=1 << 40)
     one = stragglers.prepare_window(table, whole, 0)
     assert sum(p.columns["row"].size for p in forward) == one.columns["row"].size
+
+
+@pytest.mark.parametrize(
+    "source", [_generated, _recorded, _simulated], ids=["generated-dp-compute", "recorded-kineto", "simulated-raw-logs"]
+)
+def test_the_report_from_stored_window_parts_is_the_report_of_the_table(source, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # A map task per window writes its part (frames, as Parquet); the merge reads them back in window order.
+    table = source(tmp_path)
+    df, facts = stragglers.prepare_table(table)
+    plan = stragglers.plan_preparation(df, max_rows=1)
+    assert len(plan.windows) > 1
+    stored = []
+    for i in reversed(range(len(plan.windows))):
+        frames = stragglers.prepare_window(df, plan, i).to_frames()
+        for name, frame in frames.items():
+            frame.write_parquet(tmp_path / f"part-{i}-{name}.parquet")
+        stored.append(i)
+    parts = [
+        stragglers.WindowPart.from_frames(
+            {name: pl.read_parquet(tmp_path / f"part-{i}-{name}.parquet") for name in frames}
+        )
+        for i in sorted(stored)
+    ]
+    merged = stragglers.report_from_windows(facts, plan, parts).to_dict()
+    whole = analyse_stragglers(table).to_dict()
+    assert whole["culprits"]
+    assert _close(whole, merged)

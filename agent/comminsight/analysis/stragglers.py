@@ -221,6 +221,42 @@ class WindowPart:
     columns: dict[str, np.ndarray]
     vocab: dict[str, list[str]]
 
+    def to_frames(self) -> dict[str, pl.DataFrame]:
+        """The part as frames (to store, e.g. as Parquet objects, between a map task and the merge)."""
+        columns = {k: v for k, v in self.columns.items() if v.size or k != "q"}
+        vocab = [(name, i, value) for name, values in self.vocab.items() for i, value in enumerate(values)]
+        return {
+            "per": self.per,
+            "late": self.late,
+            "edges": self.edges,
+            "columns": pl.DataFrame(columns),
+            "vocab": pl.DataFrame(vocab, schema={"name": pl.String, "i": pl.Int64, "value": pl.String}, orient="row"),
+            "meta": pl.DataFrame({"rank": self.ranks}).with_columns(n_groups=pl.lit(self.n_groups, pl.Int64)),
+        }
+
+    @classmethod
+    def from_frames(cls, frames: dict[str, pl.DataFrame]) -> WindowPart:
+        """The part ``to_frames`` stored."""
+        columns = {name: frames["columns"].get_column(name).to_numpy() for name in frames["columns"].columns}
+        if columns:
+            columns.setdefault("q", np.zeros(0))
+        vocab: dict[str, list[str]] = {}
+        for (name,), rows in frames["vocab"].sort("i").group_by("name", maintain_order=True):
+            vocab[str(name)] = rows.get_column("value").to_list()
+        for name in ("label", "kind", "comm"):
+            if columns:
+                vocab.setdefault(name, [])
+        meta = frames["meta"]
+        return cls(
+            per=frames["per"],
+            late=frames["late"],
+            edges=frames["edges"],
+            ranks=meta.get_column("rank").to_list(),
+            n_groups=int(meta.get_column("n_groups").max() or 0) if meta.height else 0,
+            columns=columns,
+            vocab=vocab,
+        )
+
 
 def plan_preparation(df: pl.DataFrame, prepare: bool = True, max_rows: int | None = None) -> PreparationPlan:
     """The plan of a windowed preparation of ``df`` (which carries ``row`` and ``_step``)."""
@@ -1025,10 +1061,22 @@ def _insufficient(df: pl.DataFrame) -> str | None:
     return None
 
 
-def analyse_stragglers(
-    table: pa.Table | pl.DataFrame, use_labels: bool = True, min_gain: float = 0.005, max_culprit_groups: int = 3
-) -> StragglerReport:
-    """Straggler report for an operations table (see module doc)."""
+@dataclass
+class JobFacts:
+    """What the report needs of the whole table beside the windows' parts: whether the evidence can answer, where
+    the steps came from, and the ranks' parallel coordinates (given by the input, or inferred from its structure
+    when it gives none)."""
+
+    evidence: str | None
+    step_source: str
+    coords: list[str]
+    rank_coord: pl.DataFrame | None
+    infer: bool  # the input gives no coordinate column
+    inferred: pl.DataFrame | None  # infer_coordinates, when infer and the evidence has timings
+
+
+def prepare_table(table: pa.Table | pl.DataFrame, use_labels: bool = True) -> tuple[pl.DataFrame, JobFacts]:
+    """The operations table with its row index (``row``) and steps (``_step``), and the job's facts."""
     df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
     df = df.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
@@ -1039,12 +1087,47 @@ def analyse_stragglers(
     if evidence is None and not df.select((pl.col("_step") >= 0).any()).item():
         # Too little of the job to find a step (a prefix shorter than one iteration): nothing to replay.
         evidence = "insufficient: no training step could be recovered from the input (shorter than one step?)"
+    coords = [
+        c for c in COORDS if c in df.columns and df.get_column(c).null_count() == 0 and df.get_column(c).n_unique() > 1
+    ]
+    given = [c for c in COORDS if c in df.columns and df.get_column(c).null_count() < df.height]
+    facts = JobFacts(
+        evidence=evidence,
+        step_source=step_source,
+        coords=coords,
+        rank_coord=df.group_by("rank").agg([pl.col(c).first() for c in coords]) if coords else None,
+        infer=not given,
+        # None in the input (raw profiler logs): from the structure of the communicators, if it decides.
+        inferred=infer_coordinates(df) if not given and evidence is None else None,
+    )
+    return df, facts
+
+
+def analyse_stragglers(
+    table: pa.Table | pl.DataFrame, use_labels: bool = True, min_gain: float = 0.005, max_culprit_groups: int = 3
+) -> StragglerReport:
+    """Straggler report for an operations table (see module doc)."""
+    df, facts = prepare_table(table, use_labels)
     # Window by window of whole steps: matching, the per-rank statistics' sums and the replay's per-event
     # columns; what must be global (the send/receive pairs, the roles, which model of the host) first.
-    plan = plan_preparation(df, prepare=evidence is None)
+    plan = plan_preparation(df, prepare=facts.evidence is None)
     parts = [prepare_window(df, plan, i) for i in range(len(plan.windows))]
+    del df
+    return report_from_windows(facts, plan, parts, min_gain, max_culprit_groups)
+
+
+def report_from_windows(
+    facts: JobFacts,
+    plan: PreparationPlan,
+    parts: list[WindowPart],
+    min_gain: float = 0.005,
+    max_culprit_groups: int = 3,
+) -> StragglerReport:
+    """The straggler report from the job's facts and its windows' parts (``prepare_window``, in window order; the
+    parts are consumed): the merge of a windowed analysis."""
+    evidence, step_source = facts.evidence, facts.step_source
     pers, lates, edge_parts, ranks_all, columns, vocab = _merge_windows(parts)
-    del parts
+    parts.clear()
 
     # Per (step, rank): lateness, waiting, time outside communication.
     per = pl.concat(pers).sort("_step", "rank")
@@ -1110,15 +1193,10 @@ def analyse_stragglers(
     n_ev = e_obs.size
     n_atoms = int(arrays["atom_count"].size) if n_ev else 0
     everything, nothing = np.ones(n_atoms, bool), np.zeros(n_atoms, bool)
-    coords = [
-        c for c in COORDS if c in df.columns and df.get_column(c).null_count() == 0 and df.get_column(c).n_unique() > 1
-    ]
-    rank_coord = df.group_by("rank").agg([pl.col(c).first() for c in coords]) if coords else None
+    coords, rank_coord = facts.coords, facts.rank_coord
     coordinates = "input" if coords else "none"
-    given = [c for c in COORDS if c in df.columns and df.get_column(c).null_count() < df.height]
-    if not given and evidence is None:
-        # None in the input (raw profiler logs): from the structure of the communicators, if it decides.
-        inferred = infer_coordinates(df)
+    if facts.infer and evidence is None:
+        inferred = facts.inferred
         coords = [c for c in COORDS if inferred is not None and c in inferred.columns and inferred[c].n_unique() > 1]
         if inferred is not None and coords:
             rank_coord, coordinates = inferred.select("rank", *coords), "inferred"
