@@ -325,6 +325,10 @@ INGEST_RETRY_DELAY_S = env.float("COMMINSIGHT_INGEST_RETRY_DELAY_S", default=30.
 # the requeue (every half lease) hands the archive to a live worker: ingested within ~1.5 leases.
 INGEST_LEASE_S = env.float("COMMINSIGHT_INGEST_LEASE_S", default=45.0)
 INGEST_LIVE_MAX_BYTES = env.int("COMMINSIGHT_INGEST_LIVE_MAX_BYTES", default=1024 * 1024)
+# How long a server process reuses an agent token's row (and its owner's) read from the database; a revocation or
+# an owner's deactivation made by another process is honoured within this many seconds, one made by the same
+# process at once (apps.accounts.services.agent_token_authenticate). 0: read on every request.
+AGENT_TOKEN_CACHE_S = env.float("COMMINSIGHT_AGENT_TOKEN_CACHE_S", default=2.0)
 DISCOVERY_INTERVAL_S = env.float("COMMINSIGHT_DISCOVERY_INTERVAL_S", default=30.0)
 # Where discovery looks while System Settings names no archive path: the agent's default mount (its home,
 # /opt/comminsight, or $COMMINSIGHT_HOME), so an agent and the site on one machine meet on defaults in

@@ -16,6 +16,8 @@ import logging
 import os
 import re
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -255,9 +257,12 @@ def agent_token_create(*, owner: User, name: str) -> IssuedAgentToken:
 def agent_token_authenticate(presented: str) -> AgentToken | None:
     """The active token ``presented`` stands for, or None. Constant-time on the secret.
 
-    Every request reads the token and its owner afresh (one statement on a bare cursor, ``comminsight_site.rows``:
-    an ORM query cost several times more CPU than the statement), so a revoked token or a deactivated owner is
-    refused from the next request on; nothing is cached between requests."""
+    The token's row and its owner's are read in one statement on a bare cursor (``comminsight_site.rows``: an ORM
+    query cost several times more CPU than the statement) and kept by this process for
+    ``AGENT_TOKEN_CACHE_S`` seconds (``_token_rows``): every agent request presents its token, and that statement
+    was a fifth of a heartbeat's database work. So a token revoked or an owner deactivated by this process is
+    refused from the next request on (saving either clears the kept rows), by another process (another server
+    worker, a management command) within ``AGENT_TOKEN_CACHE_S``. The secret is checked on every request."""
     if not presented.startswith(AGENT_TOKEN_PREFIX):
         return None
     prefix, _, secret = presented[len(AGENT_TOKEN_PREFIX) :].partition("_")
@@ -271,22 +276,74 @@ def agent_token_authenticate(presented: str) -> AgentToken | None:
     if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
         AgentToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
+        _token_rows.forget(prefix)  # the kept row has the old time
     return token
 
 
+class TokenRows:
+    """The rows (token and owner, as read) of agent tokens found recently, by prefix, for ``ttl_s()`` seconds.
+
+    Rows, not model instances, are kept: each request gets instances of its own. Only prefixes that exist are
+    kept (at most one entry per token in the database, whatever clients present). A row read before a
+    ``clear`` is not kept after it (``generation``): a request that read a token just before its revocation
+    committed cannot keep the old row. ``clock`` is injectable for tests."""
+
+    def __init__(self, ttl_s: Callable[[], float], clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s, self.clock = ttl_s, clock
+        self._rows: dict[str, tuple[float, tuple]] = {}
+        self.generation = 0
+
+    def get(self, prefix: str) -> tuple | None:
+        kept = self._rows.get(prefix)
+        if kept is None:
+            return None
+        if self.clock() >= kept[0]:
+            self._rows.pop(prefix, None)
+            return None
+        return kept[1]
+
+    def keep(self, prefix: str, row: tuple, generation: int) -> None:
+        """Keep ``row``, read after ``generation`` was taken, unless a ``clear`` came since."""
+        ttl = self.ttl_s()
+        if ttl > 0 and generation == self.generation:
+            self._rows[prefix] = (self.clock() + ttl, row)
+
+    def forget(self, prefix: str) -> None:
+        self._rows.pop(prefix, None)
+
+    def clear(self) -> None:
+        self.generation += 1
+        self._rows.clear()
+
+
+_token_rows = TokenRows(lambda: settings.AGENT_TOKEN_CACHE_S)
+
+
+def agent_token_rows_clear(**kwargs: object) -> None:
+    """Forget every kept token row, now and once the change commits (connected to saves and deletes of tokens and
+    users: a revocation, a deactivation or a role change made by this process counts from the next request on)."""
+    _token_rows.clear()
+    transaction.on_commit(_token_rows.clear, using=kwargs.get("using"))  # type: ignore[arg-type]
+
+
 def _agent_token_with_owner(prefix: str) -> AgentToken | None:
-    """``AgentToken.objects.select_related("owner").get(prefix=prefix)`` as one bare statement (None if absent)."""
-    sql = (
-        f"SELECT {rows.columns(AgentToken, 't')}, {rows.columns(User, 'u')} "  # noqa: S608 (names from the models)
-        f"FROM {rows.table(AgentToken)} t JOIN {rows.table(User)} u "
-        f"ON u.{rows.column(User, 'id')} = t.{rows.column(AgentToken, 'owner')} "
-        f"WHERE t.{rows.column(AgentToken, 'prefix')} = %s"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [prefix])
-        found = cursor.fetchone()
+    """``AgentToken.objects.select_related("owner").get(prefix=prefix)`` as one bare statement (None if absent),
+    or from the rows kept for ``AGENT_TOKEN_CACHE_S``."""
+    found = _token_rows.get(prefix)
     if found is None:
-        return None
+        generation = _token_rows.generation
+        sql = (
+            f"SELECT {rows.columns(AgentToken, 't')}, {rows.columns(User, 'u')} "  # noqa: S608 (names from the models)
+            f"FROM {rows.table(AgentToken)} t JOIN {rows.table(User)} u "
+            f"ON u.{rows.column(User, 'id')} = t.{rows.column(AgentToken, 'owner')} "
+            f"WHERE t.{rows.column(AgentToken, 'prefix')} = %s"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [prefix])
+            found = cursor.fetchone()
+        if found is None:
+            return None
+        _token_rows.keep(prefix, tuple(found), generation)
     split = len(AgentToken._meta.concrete_fields)
     token = rows.row(AgentToken, found[:split])
     token.owner = rows.row(User, found[split:])
