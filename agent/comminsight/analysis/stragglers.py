@@ -46,6 +46,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
+from math import comb
 
 import numpy as np
 import polars as pl
@@ -65,6 +66,8 @@ NOISE_MULTIPLE = 3.0  # a culprit saves at least this many times the typical ran
 NOISE_SAMPLE = 24  # single ranks replayed again in later culprit rounds, for the noise bar
 NULL_DRAWS = 256  # sets of ranks drawn from the reference to measure what a healthy set of that size shows
 TEMPORAL_SE = 2.0  # a rank set's median excess must exceed this many robust standard errors over steps
+TAIL_SHARE = 0.1  # a healthy rank's excess exceeds the reference's upper decile in this share of its steps
+FAMILY_ALPHA = 0.05  # chance that any healthy rank of the job passes the across-steps test (_steadily_slow)
 REPLAY_COLUMNS = (
     "row",
     "rank",
@@ -885,6 +888,28 @@ def _noise_threshold(singles: np.ndarray, step: float, min_gain: float) -> float
     return max(med + NOISE_MULTIPLE * spread, NOISE_MULTIPLE * max(med, 0.0), min_gain * step)
 
 
+def _paired_bar(
+    saving: np.ndarray, siblings: list[np.ndarray], step: float, min_gain: float
+) -> tuple[float, np.ndarray]:
+    """What a subset with only one or two siblings (two pipeline stages, two DP replicas) must save:
+    on average, and in each step (for its consistency).
+
+    With one or two siblings there is no spread to measure among them (a median plus robust spreads
+    of one value is that value), and a fixed multiple of the sibling's saving (three times, before)
+    is no measure of noise: too lax when the sibling happened to save nothing, too strict when a
+    hiccup made it save a few ms of a large step. The steps are the replicates instead: per step, the
+    candidate's saving is paired with the largest of its siblings' (what making an equally large part
+    of the job typical trims that step). On average it must exceed the siblings' mean by
+    ``NOISE_MULTIPLE`` standard errors of the paired difference over steps (a paired test against the
+    job's own per-step noise); in a step, the siblings' saving of that step.
+    ``saving`` and ``siblings``: per step, what making each typical saves; ``min_gain`` a share of ``step``.
+    """
+    other = np.max(np.stack(siblings), axis=0)
+    se = float((saving - other).std(ddof=1)) / np.sqrt(saving.size)
+    floor = min_gain * step
+    return max(float(other.mean()) + NOISE_MULTIPLE * se, floor), np.maximum(other, floor)
+
+
 def _excess(arrays: dict[str, np.ndarray], work: np.ndarray, gap: np.ndarray) -> np.ndarray:
     """Per step: how much longer the masked atoms' durations and gaps were than the median's (from the
     per-atom, per-step sums: nothing per event)."""
@@ -973,6 +998,38 @@ def _significant(extra: np.ndarray, pooled_sd: float = 0.0) -> bool:
         bar = NOISE_MULTIPLE * 1.25 * pooled_sd / np.sqrt(extra.size)
         return steady and med > bar and float(extra.mean()) > bar
     return float(extra.mean()) > max(NOISE_MULTIPLE * se, 0.0)
+
+
+def _steadily_slow(arrays: dict[str, np.ndarray], rank: int, exclude: set[int], n_tests: int) -> bool:
+    """Whether one rank's own excess is in the upper tail of healthy ranks' in more steps than chance allows.
+
+    The magnitude tests (_significant, the saving's bar) measure noise by robust spreads, which leave the
+    tail out; with heavy-tailed hiccups (a few operations many times longer) on many ranks, some healthy
+    rank draws large hiccups in three steps of five and passes them (64 ranks, 1 + 0.1 x Pareto(1.5) on 2%
+    of operations: a rank saved 1.05 ms against a 0.78 ms bar). A straggler is slow in (nearly) every
+    step. Per step, the rank's excess is compared with the upper decile of the reference ranks' (those
+    outside it and the culprits already named, centred on each step's median and pooled over steps, so
+    the tail is the job's own, measured); under exchangeable healthy ranks the count of steps above it is
+    Binomial(steps, 0.1), and the rank passes when that count is improbable for every one of the
+    ``n_tests`` ranks tried (Bonferroni, family-wise ``FAMILY_ALPHA``). When even every step above the
+    decile would not be improbable (too few steps for the number of ranks) the test cannot decide and
+    the magnitude tests alone do.
+    """
+    ids, per = arrays["rank_ids"], arrays["rank_excess"]
+    steps = per.shape[1]
+    if steps < 2 or rank not in set(ids.tolist()) or n_tests * TAIL_SHARE**steps >= FAMILY_ALPHA:
+        return True
+    outside = ~np.isin(ids, [rank, *exclude])
+    if outside.sum() < 2:
+        outside = ids != rank
+    reference = per[outside]
+    if reference.size * TAIL_SHARE < 1:
+        return True  # too few values to place an upper decile
+    centre = np.median(reference, axis=0)
+    cut = float(np.quantile((reference - centre[None, :]).ravel(), 1.0 - TAIL_SHARE))
+    above = int((per[int(np.flatnonzero(ids == rank)[0])] - centre > cut).sum())
+    p = sum(comb(steps, j) * TAIL_SHARE**j * (1 - TAIL_SHARE) ** (steps - j) for j in range(above, steps + 1))
+    return n_tests * p < FAMILY_ALPHA
 
 
 def _slow_without_its_slowest(arrays: dict[str, np.ndarray], ranks: set[int], exclude: set[int]) -> bool:
@@ -1368,16 +1425,23 @@ def report_from_windows(
             # stages: itself left out); a group also from single ranks (making a whole group
             # typical trims more jitter than one rank).
             kind = n.split("=", 1)[0]
-            siblings = np.array([w for m, w in savings.items() if m != n and m.split("=", 1)[0] == kind])
-            bar = _noise_threshold(siblings, float(current.mean()), min_gain)
+            siblings = [m for m in savings if m != n and m.split("=", 1)[0] == kind]
+            if 1 <= len(siblings) < 3 and current.size >= 2:
+                paired = [current - totals[m] for m in siblings]
+                bar, step_bar = _paired_bar(current - totals[n], paired, float(current.mean()), min_gain)
+            else:
+                bar = _noise_threshold(np.array([savings[m] for m in siblings]), float(current.mean()), min_gain)
+                step_bar = np.full(current.size, bar)
             if kind != "rank":
-                bar = max(threshold, bar)
+                bar, step_bar = max(threshold, bar), np.maximum(step_bar, threshold)
             # Consistent: the saving clears the bar in most steps, not on average only (one
             # step's hiccup of a healthy rank can carry a mean over six steps).
-            consistency = float((current - totals[n] > bar).mean())
+            consistency = float((current - totals[n] > step_bar).mean())
             evident = v > bar and consistency > 0.5 and _significant(extra, pooled)
             if evident and not n.startswith("comm=") and len(c.ranks - chosen.ranks) > 1:
                 evident = _slow_without_its_slowest(arrays, c.ranks - chosen.ranks, chosen.ranks)
+            elif evident and kind == "rank":
+                evident = _steadily_slow(arrays, next(iter(c.ranks)), chosen.ranks, len(ranks_all) - len(chosen.ranks))
             if not groups and evident:
                 observed_cost.add(n)
                 first_bar[n] = bar
