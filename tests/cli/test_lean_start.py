@@ -22,10 +22,14 @@ import comminsight
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "kineto_gpu_lab_8rank"
 
-# Prints, at exit, the top-level and comminsight modules the process imported (after main()'s exit).
+# Prints, at exit, the modules the process imported: at the interpreter's exit, or at the hard exit
+# of a report command (os._exit skips atexit).
 _REPORT = (
-    "import atexit, json, sys\n"
-    "atexit.register(lambda: sys.stderr.write('MODULES ' + json.dumps(sorted(sys.modules)) + '\\n'))\n"
+    "import atexit, json, os, sys\n"
+    "def report(): sys.stderr.write('MODULES ' + json.dumps(sorted(sys.modules)) + '\\n'); sys.stderr.flush()\n"
+    "atexit.register(report)\n"
+    "hard_exit = os._exit\n"
+    "os._exit = lambda code: (report(), hard_exit(code))\n"
 )
 
 
@@ -91,3 +95,18 @@ def test_analyze_stragglers_on_kineto_traces_loads_only_what_it_uses(tmp_path: P
     }
     assert unused & modules == set()
     assert {m for m in modules if m.startswith(("comminsight.simulator", "comminsight.agent."))} == set()
+
+
+def test_a_report_command_ends_with_its_own_exit_status_and_error_line(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-traces"
+    done, _ = _run(
+        "import sys\n"
+        "from comminsight.cli import main\n"
+        f"sys.argv = ['comminsight', 'analyze', 'stragglers', {str(missing)!r}, '--format', 'json']\n"
+        "main()\n",
+        tmp_path,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {missing}: no such file or directory"]

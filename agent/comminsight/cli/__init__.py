@@ -7,8 +7,10 @@ polars, the importers, rich) when it runs, so a command pays only for its own li
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib.machinery import ModuleSpec
+from typing import NoReturn
 
 import typer
 
@@ -47,11 +49,36 @@ class _WithoutPandas:
         return None
 
 
+# Command groups that print a report and hold nothing else when they return: no threads, child
+# processes, temporary files or buffered logs.
+_REPORT_GROUPS = frozenset({"analyze"})
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the process once stdout and stderr are flushed, without the interpreter's teardown.
+
+    With Arrow, polars and numpy loaded, freeing every module's objects at exit costs about 0.06 s of
+    CPU, an eighth of a small analysis, and a report command has nothing to clean up (mypy ends the
+    same way). A failed flush exits 120, as the interpreter does when it cannot flush stdout.
+    """
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        code = code or 120
+    os._exit(code)
+
+
 def main() -> None:
     """Entry point of the ``comminsight`` console script."""
     if "pandas" not in sys.modules:
         sys.meta_path.insert(0, _WithoutPandas())
-    app()
+    try:
+        app()
+    except SystemExit as done:
+        if sys.argv[1:2] and sys.argv[1] in _REPORT_GROUPS and (done.code is None or isinstance(done.code, int)):
+            _exit_now(done.code or 0)
+        raise
 
 
 def agent_main() -> None:
