@@ -28,6 +28,11 @@ LAYOUTS = {
     # they made each rank its own DP replica (a slow DP group was named as two half-groups).
     "32 GPUs PP2xDP8xCP2": Layout(pp=2, dp=8, cp=2),
     "32 GPUs PP2xDP4xCP4": Layout(pp=2, dp=4, cp=4),
+    # Megatron's plain data-parallel group (one CP index, every replica) inside the DP-with-CP group: two
+    # kinds of group nested in one DP group. Read both as CP, each rank was in two CP groups, CP was
+    # undecided and each rank became its own replica.
+    "32 GPUs PP2xDP8xCP2, plain DP beside CP": Layout(pp=2, dp=8, cp=2, plain_dp=True),
+    "32 GPUs TP2xPP2xDP4xCP2, plain DP beside CP": Layout(tp=2, pp=2, dp=4, cp=2, plain_dp=True),
 }
 COORDINATE_COLUMNS = ("cp_rank", "dp_rank", "stage", "tp_rank")
 
@@ -145,4 +150,25 @@ def test_a_slow_dp_replica_with_context_parallelism_and_no_tp_is_named_as_one_gr
     report = analyse_stragglers(_raw(job, tmp_path))
     assert report.coordinates == "inferred"
     assert [g["group"] for g in report.culprit_groups] == ["dp=1"]
+    assert sorted(report.culprits) == job.truth["culprits"]
+
+
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if "plain DP" in n])
+def test_a_slow_dp_replica_and_a_slow_plain_dp_link_beside_context_parallelism_are_named(
+    name: str, tmp_path: Path
+) -> None:
+    # Before, with the plain DP group beside the CP groups, replica 1 computing x2 was named as two
+    # inferred "replicas" (dp=2, dp=3) or as its single ranks.
+    layout = LAYOUTS[name]
+    job = generate(layout, steps=4, faults=(Fault("compute", {"dp": 1}, factor=2.0),), seed=1)
+    report = analyse_stragglers(_raw(job, tmp_path))
+    assert report.coordinates == "inferred"
+    assert [g["group"] for g in report.culprit_groups] == ["dp=1"]
+    assert sorted(report.culprits) == job.truth["culprits"]
+    # The plain DP group of stage 0, TP 0, CP 0 transfers 20x slower: named as that communicator.
+    link = Fault("comm", {"pp": 0, "tp": 0, "cp": 0}, factor=20.0, group="dpo")
+    job = generate(layout, steps=4, faults=(link,), seed=1)
+    report = analyse_stragglers(_raw(job, tmp_path))
+    assert len(report.culprit_groups) == 1
+    assert report.culprit_groups[0]["group"].startswith("comm=")
     assert sorted(report.culprits) == job.truth["culprits"]

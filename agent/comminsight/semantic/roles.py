@@ -190,16 +190,24 @@ def _roles_from_nesting(
         for other, om in by_rank[anyone]:
             if len(om) > len(members) and members < om:
                 inner_of.setdefault(other, []).append(comm_id)
+    members_of = dict(groups)
     for outer, inner in inner_of.items():
         if outer in by_shape:
             out[outer] = "dp"
         if out.get(outer, roles[outer]) != "dp":
             continue
-        for comm_id in inner:
-            if comm_id in by_shape and out.get(comm_id, roles[comm_id]) in ("dp", "tp"):
-                # Inside a data-parallel group: its context-parallel part, strided (under TP) or consecutive
-                # (without TP). A tensor-parallel group never lies inside one (its members differ in TP rank).
-                out[comm_id] = "cp"
+        shaped = [c for c in inner if c in by_shape and out.get(c, roles[c]) in ("dp", "tp")]
+        # Megatron with context parallelism also builds a plain data-parallel group (one CP index, every
+        # replica) inside the data-parallel-with-CP group. In the outer group's rank order (CP before DP)
+        # a CP group holds consecutive members and a plain DP group every cp-th: when both kinds are
+        # there, the consecutive ones are CP and the strided ones the plain DP groups.
+        position = {m: i for i, m in enumerate(sorted(members_of[outer]))}
+        consecutive = {c for c in shaped if np.all(np.diff(sorted(position[m] for m in members_of[c])) == 1)}
+        both = bool(consecutive) and len(consecutive) < len(shaped)
+        for comm_id in shaped:
+            # Inside a data-parallel group: its context-parallel part, strided (under TP) or consecutive
+            # (without TP). A tensor-parallel group never lies inside one (its members differ in TP rank).
+            out[comm_id] = "dp" if both and comm_id not in consecutive else "cp"
     return out
 
 
@@ -269,7 +277,12 @@ def infer_coordinates(table: pa.Table | pl.DataFrame) -> pl.DataFrame | None:
             continue  # a group across pipeline stages (model-parallel: TP x PP) is not one of a stage
         of = group_of.setdefault(role, {})
         for m in group:
-            if of.setdefault(m, group) != group:
+            held = of.setdefault(m, group)
+            if role == "dp" and held and (held < group or group < held):
+                of[m] = max(
+                    held, group, key=len
+                )  # a plain DP group inside the DP-with-CP group: the replica is the outer's
+            elif held != group:
                 of[m] = frozenset()  # in two different groups of one role: undecided
     decided = {role: of for role, of in group_of.items() if set(of) == set(ranks) and all(of.values())}
     for role in ("tp", "cp"):

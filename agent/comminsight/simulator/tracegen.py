@@ -54,6 +54,10 @@ class Layout:
     # Hybrid sharding (HSDP): parameters sharded over groups of ``fsdp_shard`` consecutive ranks, the
     # gradients of each layer then all-reduced across the groups (0: one group of every rank).
     fsdp_shard: int = 0
+    # With context parallelism, Megatron also builds a plain data-parallel group (same CP index, without
+    # the CP ranks) beside the DP-with-CP group the gradients use: one small all-reduce a step on it (the
+    # loss averaged over the replicas), after the gradients' reduce-scatter. Fault group ``dpo``.
+    plain_dp: bool = False
 
     @property
     def world(self) -> int:
@@ -203,6 +207,8 @@ def _program(layout: Layout, rank: int, step: int) -> list[list[_Op]]:
         out.append([coll("embedding-grads-all-reduce", f"emb:dp{c['dp']}cp{c['cp']}tp{c['tp']}", 2, 0.5)])
     if dp_ranks > 1:
         out.append([coll("grads-reduce-scatter", dp_pg, dp_ranks, 2.0)])
+    if layout.plain_dp and layout.cp > 1 and layout.dp > 1:
+        out.append([coll("loss-all-reduce", f"dpo:pp{s}tp{c['tp']}cp{c['cp']}", layout.dp, 0.5)])
     out.append([_Op("optimizer", "compute", layout.optimizer_ms * MS)])
     return out
 
