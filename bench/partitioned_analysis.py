@@ -15,9 +15,10 @@ written straight to its Parquet object. Then, in the same run:
                  ``comm_id`` filter from their members' files), then the reduce - for steps twice (stage 1's
                  maps and merge, then stage 2's); with 1 and 2 workers.
 
-Stragglers are not partitioned yet (docs/operators.md): ``--kinds stragglers`` runs the whole-table task alone,
-whose peak is then the per-task peak a site worker needs (the job has no step labels and no compute rows: steps
-are recovered, gaps are the compute).
+Stragglers run as a chord on the site, but this bench runs their whole-table task alone (``--kinds stragglers``):
+the chord's planning and merge tasks still hold about what it holds (docs/operators.md), so its peak is the
+per-task peak a site worker needs (the job has no step labels and no compute rows: steps are recovered, gaps are
+the compute).
 
 Tasks run in long-lived worker processes, as Celery's are (started and warmed up - libraries imported -
 before the clock starts); a worker's peak RSS over the tasks it ran bounds each of its tasks' peaks, the
@@ -459,13 +460,13 @@ def main() -> None:
             whole_report, whole_s, whole_peak = None, float("nan"), float("nan")
             if kind in WHOLE_ONLY:
                 if args.no_whole:
-                    print(f"\n{kind}: not partitioned; left out with --no-whole")
+                    print(f"\n{kind}: the whole-table task (chord not measured here); left out with --no-whole")
                     continue
                 with warm_pool(1, fresh=True) as pool:
                     report, took, before, peak = pool.submit(whole_only_task, kind, files).result()
                 summary = json.loads(report)
                 print(
-                    f"\n{kind}: not partitioned, one task over the whole store: {took:.1f} s, peak {peak:.0f} MiB"
+                    f"\n{kind}: the whole-table task (chord not measured here): {took:.1f} s, peak {peak:.0f} MiB"
                     f" (+{peak - before:.0f} MiB over the warmed worker's {before:.0f}:"
                     f" {(peak - before) * 2**20 / rows:.0f} bytes per operation, the table read included);"
                     f" {summary['slowdown']['steps']} steps, culprits {summary['culprits'][:8]},"

@@ -26,6 +26,13 @@ of a node's recording). Each partitioned analysis says which partitions it needs
   last reduce merges their per-step totals, one partition at a time, into the report of the whole table
   (with the per-(rank, step) rows only when it keeps per-rank details: up to ``MAX_STEP_RANK_DETAILS``).
 
+- **stragglers** — windows of whole steps (``comminsight.analysis.stragglers``): planning reads the store once as
+  the whole-table run does (the steps, the job's facts and the preparation's plan need the whole table; the store
+  is laid out by rank, not by step) and writes each window's rows, up to ``ANALYSIS_PARTITION_ROWS`` of whole steps
+  that no collective or send/receive pair crosses, as an object of the run; a map task prepares its window
+  (matching, the statistics' sums, the replay's columns); the reduce merges the windows in order and runs the
+  replay and the culprit decision (``report_from_windows``), equal to the whole-table report.
+
 ``partitioned_start`` (called by the job's task once it holds a concurrency slot) writes the plan to
 the object store and queues the chord: one ``map_partition`` task per partition, on any worker, then
 ``reduce_partitions`` (which queues the next stage's chord, if any). Tasks carry (job id, attempt,
@@ -65,7 +72,7 @@ from .models import AnalysisJob, AnalysisKind, JobState
 
 logger = logging.getLogger(__name__)
 
-PARTITIONED_KINDS = (AnalysisKind.HANG, AnalysisKind.PERF, AnalysisKind.STEPS)
+PARTITIONED_KINDS = (AnalysisKind.HANG, AnalysisKind.PERF, AnalysisKind.STEPS, AnalysisKind.STRAGGLERS)
 STAGES = {AnalysisKind.STEPS: 2}  # chords in a row (1 when not listed)
 RANK_PARTITIONED = (AnalysisKind.HANG, AnalysisKind.STEPS)  # whole ranks: their rows need the store's members
 NO_OPERATIONS = "no operations have been ingested for this workload yet"
@@ -223,14 +230,18 @@ def stages(kind: str) -> int:
 def partitioned_start(job: AnalysisJob, files: list[str], fingerprint: str) -> int:
     """Plan ``job``'s partitions (its current attempt) and record how many map tasks it runs; return the
     partitions per stage."""
-    partitions = plan_partitions(job.kind, files)
+    store = object_store()
+    store.delete_prefix(runs_prefix(job.pk))  # summaries of earlier attempts
+    if job.kind == AnalysisKind.STRAGGLERS:
+        windows = _stragglers_start(job, files, _run_prefix(job.pk, job.attempts))
+        partitions = [Partition([]) for _ in range(windows)]
+    else:
+        partitions = plan_partitions(job.kind, files)
     plan = {
         "fingerprint": fingerprint,
         "files": files,
         "partitions": [{"files": p.files, "comm_ids": p.comm_ids, "seq_range": p.seq_range} for p in partitions],
     }
-    store = object_store()
-    store.delete_prefix(runs_prefix(job.pk))  # summaries of earlier attempts
     if job.kind in RANK_PARTITIONED:
         # A rank partition lacks the other ranks' rows that say who holds a P2P peer: one pass over the store.
         members = pl.from_arrow(store_communicator_members(files))
@@ -295,6 +306,8 @@ def partition_map(job_id: int, attempt: int, index: int, stage: int = 1) -> bool
     prefix = f"{_run_prefix(job_id, attempt)}/part-{index:06d}"
     if job.kind == AnalysisKind.STEPS:
         _steps_map(job, attempt, index, stage, _rank_rows(job, files, attempt))
+    elif job.kind == AnalysisKind.STRAGGLERS:
+        _stragglers_map(job_id, attempt, index)
     elif job.kind == AnalysisKind.PERF:
         # Whole communicators (or a slice: its point-to-point rows are all in the first): their own rows say who
         # holds each P2P peer.
@@ -430,6 +443,70 @@ def _steps_map(job: AnalysisJob, attempt: int, index: int, stage: int, table: pa
     store.write_bytes(f"{prefix}-methods.json", json.dumps(methods).encode())
 
 
+def _write_stored(prefix: str, doc: dict[str, Any], frames: dict[str, pl.DataFrame]) -> None:
+    """A JSON document and its frames under ``prefix`` (``<prefix>.json``, ``<prefix>-<name>.parquet``)."""
+    for name, frame in frames.items():
+        _write_frame(f"{prefix}-{name}.parquet", frame)
+    object_store().write_bytes(f"{prefix}.json", json.dumps({**doc, "_frames": sorted(frames)}).encode())
+
+
+def _read_stored(prefix: str) -> tuple[dict[str, Any], dict[str, pl.DataFrame]]:
+    store = object_store()
+    doc = json.loads(store.read_bytes(store.location(f"{prefix}.json")))
+    return doc, {name: _read_frame(f"{prefix}-{name}.parquet") for name in doc.pop("_frames")}
+
+
+def _stragglers_start(job: AnalysisJob, files: list[str], run: str) -> int:
+    """Plan a stragglers run (``comminsight.analysis.stragglers``: ``prepare_table``, ``plan_preparation``): the
+    store is read once as the whole-table run reads it (a store partitioned by rank holds no step window: this
+    re-partitions it), the job's facts and the preparation's plan are stored, and each window of whole steps (up to
+    ``ANALYSIS_PARTITION_ROWS`` rows, never cut through a collective or a send/receive pair) is written as a
+    Parquet object of the columns its map task reads. Returns the number of windows."""
+    from comminsight.analysis.stragglers import plan_preparation, prepare_table, window_rows
+
+    with workload_metadata_dir(job.workload) as tables:
+        table = operations_named(finish(_read(files, None, None)), tables)
+    if table.num_rows == 0:
+        raise ValueError(NO_OPERATIONS)
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    del table
+    df, facts = prepare_table(frame, use_labels=not job.parameters["ignore_labels"])
+    del frame
+    plan = plan_preparation(df, prepare=facts.evidence is None, max_rows=settings.ANALYSIS_PARTITION_ROWS)
+    for i in range(len(plan.windows)):
+        _write_frame(f"{run}/window-{i:06d}.parquet", window_rows(df, plan, i))
+    _write_stored(f"{run}/stragglers-plan", *plan.to_stored())
+    _write_stored(f"{run}/stragglers-facts", *facts.to_stored())
+    return len(plan.windows)
+
+
+def _stragglers_map(job_id: int, attempt: int, index: int) -> None:
+    """A window of whole steps prepared (matching, the statistics' sums, the replay's columns), stored as frames."""
+    from comminsight.analysis.stragglers import PreparationPlan, prepare_window
+
+    run = _run_prefix(job_id, attempt)
+    plan = PreparationPlan.from_stored(*_read_stored(f"{run}/stragglers-plan"))
+    part = prepare_window(_read_frame(f"{run}/window-{index:06d}.parquet"), plan, index)
+    for name, frame in part.to_frames().items():
+        _write_frame(f"{run}/part-{index:06d}-{name}.parquet", frame)
+
+
+def _stragglers_reduce(job_id: int, attempt: int, count: int, params: dict[str, Any]) -> dict[str, Any]:
+    """The windows' parts, in window order, merged into the report of the whole table (``report_from_windows``)."""
+    from comminsight.analysis.stragglers import JobFacts, PreparationPlan, WindowPart, report_from_windows
+
+    run = _run_prefix(job_id, attempt)
+    plan = PreparationPlan.from_stored(*_read_stored(f"{run}/stragglers-plan"))
+    facts = JobFacts.from_stored(*_read_stored(f"{run}/stragglers-facts"))
+    names = ("per", "late", "edges", "columns", "vocab", "meta")
+    parts = [
+        WindowPart.from_frames({name: _read_frame(f"{run}/part-{i:06d}-{name}.parquet") for name in names})
+        for i in range(count)
+    ]
+    return report_from_windows(facts, plan, parts, min_gain=params["min_gain"]).to_dict()
+
+
 def partition_link(job_id: int, attempt: int) -> bool:
     """Stage 1's merge of a steps run: the job's roles, collective instances and point-to-point waiting, for
     stage 2's map tasks; False when the run is over. Raises ValueError when the store holds no operations."""
@@ -536,6 +613,8 @@ def partition_reduce(job_id: int, attempt: int) -> dict[str, Any] | None:
     params = dict(job.parameters)
     if job.kind == AnalysisKind.STEPS:
         return _steps_reduce(job_id, attempt, count)
+    if job.kind == AnalysisKind.STRAGGLERS:
+        return _stragglers_reduce(job_id, attempt, count, params)
     if job.kind == AnalysisKind.PERF:
         done = [i for i in range(count) if store.location(f"{prefix}/part-{i:06d}-groups.parquet") in present]
         groups = [_read_frame(f"{prefix}/part-{i:06d}-groups.parquet") for i in done]

@@ -285,13 +285,16 @@ def test_a_job_whose_store_cannot_be_read_is_retried_then_fails_saying_so(
 
     write_store(data_dir, personas.workload.pk, hung_table())
 
-    def unreadable(files):
+    def unreadable(*args, **kwargs):
         raise OSError("input/output error")
 
+    from apps.analysis import partitions
     from apps.analysis.tasks import run_analysis
 
-    monkeypatch.setattr(services, "load_operations", unreadable)
-    # stragglers runs in one task (hang, perf and steps run partitioned: tests/site/test_partitioned_runs.py)
+    monkeypatch.setattr(services, "load_operations", unreadable)  # a run in one task
+    # Every kind runs partitioned (tests/site/test_partitioned_runs.py): a stragglers run reads the store when it
+    # is planned, in the job's task, which retries then gives up.
+    monkeypatch.setattr(partitions, "_read", unreadable)
     request_analysis(client_of(personas.alice), personas.workload, "stragglers")  # queued (not run: no commit)
     job = AnalysisJob.objects.get()
     # In-process retries need eager propagation off (else the first Retry surfaces as an exception).
@@ -314,10 +317,13 @@ def test_a_job_that_runs_past_its_time_limit_fails_saying_so(personas, data_dir,
 
     write_store(data_dir, personas.workload.pk, hung_table())
 
-    def too_slow(table, params):
+    def too_slow(*args, **kwargs):
         raise SoftTimeLimitExceeded()
 
-    monkeypatch.setitem(services.RUNNERS, "stragglers", too_slow)  # a run in one task; partitioned: map tasks
+    from apps.analysis import partitions
+
+    monkeypatch.setitem(services.RUNNERS, "stragglers", too_slow)  # a run in one task
+    monkeypatch.setattr(partitions, "_stragglers_start", too_slow)  # partitioned: planned in the job's task
     run_on_commit(lambda: request_analysis(client_of(personas.alice), personas.workload, "stragglers"))
     job = AnalysisJob.objects.get()
     assert job.state == "failed"

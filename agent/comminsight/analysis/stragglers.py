@@ -204,6 +204,23 @@ class PreparationPlan:
     prepare: bool  # the replay's columns too (the evidence has timings)
     next_starts: pl.DataFrame
 
+    def to_stored(self) -> tuple[dict, dict[str, pl.DataFrame]]:
+        """The plan as a JSON document and frames (to store between a run's planning and its map tasks)."""
+        doc = {"windows": self.windows, "roles": self.roles, "issue_model": self.issue_model, "prepare": self.prepare}
+        return doc, {"pairs": self.pairs, "next_starts": self.next_starts}
+
+    @classmethod
+    def from_stored(cls, doc: dict, frames: dict[str, pl.DataFrame]) -> PreparationPlan:
+        """The plan ``to_stored`` gave."""
+        return cls(
+            windows=[(int(lo), int(hi)) for lo, hi in doc["windows"]],
+            pairs=frames["pairs"],
+            roles=dict(doc["roles"]),
+            issue_model=bool(doc["issue_model"]),
+            prepare=bool(doc["prepare"]),
+            next_starts=frames["next_starts"],
+        )
+
     def after(self, index: int) -> pl.DataFrame:
         """Per rank, the start of its first kept operation after window ``index`` (ranks without one left out)."""
         hi = self.windows[index][1]
@@ -288,14 +305,20 @@ def plan_preparation(df: pl.DataFrame, prepare: bool = True, max_rows: int | Non
     )
 
 
-def prepare_window(df: pl.DataFrame, plan: PreparationPlan, index: int) -> WindowPart:
-    """Window ``index`` of ``plan`` prepared from ``df``'s rows of its steps (rows before the first recovered step
-    go with the first window): matching, the statistics' sums, the replay's columns."""
+def window_rows(df: pl.DataFrame, plan: PreparationPlan, index: int) -> pl.DataFrame:
+    """The rows (and columns) of ``df`` that window ``index`` of ``plan`` prepares: those of its steps, and for the
+    first window the rows before the first recovered step."""
     lo, hi = plan.windows[index]
     in_window = pl.col("_step").is_between(lo, hi)
     if index == 0:
         in_window = in_window | (pl.col("_step") < 0)
-    w = df.select(*_WINDOW_COLUMNS).filter(in_window)
+    return df.select(*_WINDOW_COLUMNS).filter(in_window)
+
+
+def prepare_window(df: pl.DataFrame, plan: PreparationPlan, index: int) -> WindowPart:
+    """Window ``index`` of ``plan`` prepared from ``df``'s rows of its steps (``window_rows``; ``df`` may hold only
+    those): matching, the statistics' sums, the replay's columns."""
+    w = window_rows(df, plan, index)
     m = match_operations(w, plan.pairs)
     per, late, edges = _window_statistics(w, m)
     columns: dict[str, np.ndarray] = {}
@@ -1130,6 +1153,26 @@ class JobFacts:
     rank_coord: pl.DataFrame | None
     infer: bool  # the input gives no coordinate column
     inferred: pl.DataFrame | None  # infer_coordinates, when infer and the evidence has timings
+
+    def to_stored(self) -> tuple[dict, dict[str, pl.DataFrame]]:
+        """The facts as a JSON document and frames (to store between a run's planning and its merge)."""
+        doc = {"evidence": self.evidence, "step_source": self.step_source, "coords": self.coords, "infer": self.infer}
+        frames = {
+            name: f for name, f in (("rank_coord", self.rank_coord), ("inferred", self.inferred)) if f is not None
+        }
+        return doc, frames
+
+    @classmethod
+    def from_stored(cls, doc: dict, frames: dict[str, pl.DataFrame]) -> JobFacts:
+        """The facts ``to_stored`` gave."""
+        return cls(
+            evidence=doc["evidence"],
+            step_source=doc["step_source"],
+            coords=list(doc["coords"]),
+            rank_coord=frames.get("rank_coord"),
+            infer=bool(doc["infer"]),
+            inferred=frames.get("inferred"),
+        )
 
 
 def prepare_table(table: pa.Table | pl.DataFrame, use_labels: bool = True) -> tuple[pl.DataFrame, JobFacts]:
