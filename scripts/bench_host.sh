@@ -18,6 +18,9 @@
 #         the libraries a Ubuntu 24.04 host with Python has (libstdc++, libgcc_s, libz, liblzma, libzstd, liblz4,
 #         libssl, libcrypto, libffi, libsystemd, libgcrypt, libgpg-error, libcap, libpam, libaudit, libcap-ng);
 #         zoneinfo/ = UTC, GMT, Etc/UTC, Etc/GMT; everything stripped; `tar -cJ` (18 MB).
+# Rebuilt the same way on 2026-12-04 17:00 UTC (`pip download ... -r requirements/base.txt` with its dependencies,
+# less the host's; Django's locales other than en and Twisted's and Autobahn's tests left out; site 38 MB with xz -9,
+# srv 17 MB), kept in .device-carry/ (ignored by git) and run with BUNDLE=.device-carry.
 # Its arguments are passed to the bench (BENCH, default bench/site_ingest.py). Figures and logs go to OUT
 # (default ./bench-out). PostgreSQL refuses to run as root: it runs as PG_USER (created when missing).
 set -euo pipefail
