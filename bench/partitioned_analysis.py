@@ -15,10 +15,10 @@ written straight to its Parquet object. Then, in the same run:
                  ``comm_id`` filter from their members' files), then the reduce - for steps twice (stage 1's
                  maps and merge, then stage 2's); with 1 and 2 workers.
 
-Stragglers run as a chord on the site, but this bench runs their whole-table task alone (``--kinds stragglers``):
-the chord's planning and merge tasks still hold about what it holds (docs/operators.md), so its peak is the
-per-task peak a site worker needs (the job has no step labels and no compute rows: steps are recovered, gaps are
-the compute).
+Stragglers (``--kinds stragglers``; the job has no step labels and no compute rows: steps are recovered, gaps are
+the compute): their chord, as ``apps.analysis.partitions`` runs it (planning: the store read once, the steps, the
+plan, each window of whole steps written; one map task per window; the reduce), each task in a fresh worker for
+its own peak, then the whole-table task in a fresh worker; the reports must be equal (1e-9).
 
 Tasks run in long-lived worker processes, as Celery's are (started and warmed up - libraries imported -
 before the clock starts); a worker's peak RSS over the tasks it ran bounds each of its tasks' peaks, the
@@ -59,7 +59,7 @@ PERF_COLUMNS += ["enqueue_ns"]
 STUCK_RANK = 7
 READ_FILES = 256  # as apps.analysis.partitions reads a partition's files
 TP = 8
-WHOLE_ONLY = ("stragglers",)  # kinds that still run as one task over the whole store
+WHOLE_ONLY = ("stragglers",)  # kinds measured as one whole-table task and as their chord's tasks, apart
 
 
 STEP_OPS = 64  # a step: 48 TP all-reduces, 15 DP all-reduces, 1 world all-reduce
@@ -434,6 +434,105 @@ def whole_only_task(kind: str, files: list[str]) -> tuple[str, float, float, flo
     return report, took, before, peak
 
 
+def _store_doc(prefix: str, doc: dict[str, Any], frames: dict[str, Any]) -> None:
+    for name, frame in frames.items():
+        frame.write_parquet(f"{prefix}-{name}.parquet")
+    Path(f"{prefix}.json").write_text(json.dumps({**doc, "_frames": sorted(frames)}))
+
+
+def _load_doc(prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    doc = json.loads(Path(f"{prefix}.json").read_text())
+    return doc, {name: pl.read_parquet(f"{prefix}-{name}.parquet") for name in doc.pop("_frames")}
+
+
+def stragglers_plan_task(files: list[str], max_rows: int, out: str) -> tuple[int, float, float, float]:
+    """The stragglers chord's planning (as ``apps.analysis.partitions`` runs it): the store read once, the steps,
+    the job's facts and the plan; each window's rows written. (windows, seconds, peak before, peak)."""
+    before = _peak_mib()
+
+    def work() -> int:
+        from comminsight.analysis import stragglers as st
+
+        df, facts = st.prepare_table(ds.dataset(files, format="parquet", schema=SCHEMA).to_table())
+        plan = st.plan_preparation(df, prepare=facts.evidence is None, max_rows=max_rows)
+        for i in range(len(plan.windows)):
+            st.window_rows(df, plan, i).write_parquet(f"{out}-window-{i:06d}.parquet")
+        _store_doc(f"{out}-plan", *plan.to_stored())
+        _store_doc(f"{out}-facts", *facts.to_stored())
+        return len(plan.windows)
+
+    n, took, peak = _timed(work)
+    return n, took, before, peak
+
+
+def stragglers_map_task(out: str, index: int) -> tuple[None, float, float, float]:
+    """One window prepared and its part written (a map task of the stragglers chord)."""
+    before = _peak_mib()
+
+    def work() -> None:
+        from comminsight.analysis import stragglers as st
+
+        plan = st.PreparationPlan.from_stored(*_load_doc(f"{out}-plan"))
+        part = st.prepare_window(pl.read_parquet(f"{out}-window-{index:06d}.parquet"), plan, index)
+        for name, frame in part.to_frames().items():
+            frame.write_parquet(f"{out}-part-{index:06d}-{name}.parquet")
+
+    _, took, peak = _timed(work)
+    return None, took, before, peak
+
+
+def stragglers_reduce_task(out: str, windows: int) -> tuple[str, float, float, float]:
+    """The windows' parts merged into the report (the stragglers chord's reduce)."""
+    before = _peak_mib()
+
+    def work() -> str:
+        from comminsight.analysis import stragglers as st
+
+        plan = st.PreparationPlan.from_stored(*_load_doc(f"{out}-plan"))
+        facts = st.JobFacts.from_stored(*_load_doc(f"{out}-facts"))
+        names = ("per", "late", "edges", "columns", "vocab", "meta")
+        parts = [
+            st.WindowPart.from_frames({n: pl.read_parquet(f"{out}-part-{i:06d}-{n}.parquet") for n in names})
+            for i in range(windows)
+        ]
+        return json.dumps(st.report_from_windows(facts, plan, parts).to_dict(), default=str)
+
+    report, took, peak = _timed(work)
+    return report, took, before, peak
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Equal reports up to the last bits of float sums taken in another order (1e-9 relative)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1.0)
+    return a == b
+
+
+def run_stragglers_chord(files: list[str], max_rows: int, scratch: Path) -> dict[str, Any]:
+    """The stragglers chord, each task in a fresh warmed worker (its own peak): planning, the maps, the reduce."""
+    out = str(scratch / "stragglers")
+    t0 = time.perf_counter()
+    with warm_pool(1, fresh=True) as pool:
+        windows, plan_s, plan_before, plan_peak = pool.submit(stragglers_plan_task, files, max_rows, out).result()
+    with warm_pool(1, fresh=True) as pool:
+        maps = list(pool.map(stragglers_map_task, [out] * windows, range(windows)))
+    with warm_pool(1, fresh=True) as pool:
+        report, reduce_s, reduce_before, reduce_peak = pool.submit(stragglers_reduce_task, out, windows).result()
+    return {
+        "report": report,
+        "wall_s": time.perf_counter() - t0,
+        "windows": windows,
+        "plan": (plan_s, plan_peak - plan_before),
+        "map_max": max((m[3] - m[2], m[1]) for m in maps),
+        "map_s_sum": sum(m[1] for m in maps),
+        "reduce": (reduce_s, reduce_peak - reduce_before),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=256)
@@ -459,20 +558,34 @@ def main() -> None:
         for kind in args.kinds.split(","):
             whole_report, whole_s, whole_peak = None, float("nan"), float("nan")
             if kind in WHOLE_ONLY:
+                chord = run_stragglers_chord(files, args.partition_rows, root)
+                plan_s, plan_mib = chord["plan"]
+                map_mib, map_s = chord["map_max"]
+                reduce_s, reduce_mib = chord["reduce"]
+                print(
+                    f"\n{kind} chord, each task in a fresh worker (growth over its warmed start):"
+                    f" {chord['windows']} windows of <= {args.partition_rows:,} rows, {chord['wall_s']:.1f} s in all;"
+                    f" planning {plan_s:.1f} s +{plan_mib:.0f} MiB; largest map task +{map_mib:.0f} MiB"
+                    f" ({map_s:.1f} s; maps {chord['map_s_sum']:.1f} s in all); reduce {reduce_s:.1f} s"
+                    f" +{reduce_mib:.0f} MiB",
+                    flush=True,
+                )
                 if args.no_whole:
-                    print(f"\n{kind}: the whole-table task (chord not measured here); left out with --no-whole")
+                    print(f"{kind}: the whole-table task left out with --no-whole")
                     continue
                 with warm_pool(1, fresh=True) as pool:
                     report, took, before, peak = pool.submit(whole_only_task, kind, files).result()
                 summary = json.loads(report)
                 print(
-                    f"\n{kind}: the whole-table task (chord not measured here): {took:.1f} s, peak {peak:.0f} MiB"
+                    f"{kind}: the whole-table task, in a fresh worker: {took:.1f} s, peak {peak:.0f} MiB"
                     f" (+{peak - before:.0f} MiB over the warmed worker's {before:.0f}:"
                     f" {(peak - before) * 2**20 / rows:.0f} bytes per operation, the table read included);"
                     f" {summary['slowdown']['steps']} steps, culprits {summary['culprits'][:8]},"
                     f" ratio x{summary['slowdown']['ratio']:.3f}",
                     flush=True,
                 )
+                assert _close(json.loads(chord["report"]), summary), f"{kind}: the chord's report differs"
+                print(f"{kind}: the chord's report equals the whole-table task's")
                 continue
             if not args.no_whole:
                 with warm_pool(1) as pool:
