@@ -22,7 +22,8 @@ import polars as pl
 import pytest
 
 from comminsight.importers import load
-from comminsight.semantic.steps import recover_steps
+from comminsight.semantic.engine import StepEngine
+from comminsight.semantic.steps import prepare_events, recover_steps
 from comminsight.simulator.tracegen import Fault, GeneratedJob, Layout, generate
 
 LAYOUTS = {
@@ -65,9 +66,9 @@ COORDINATES = {
 # rank), below 95%. The 64-GPU DP8xPP8 job, of the same kind, is kept (97.9%).
 UNDECIDABLE = {("16 GPUs DP8xPP2, short optimizer, long backward", "no coordinates")}
 # Without coordinates the HSDP shard groups (consecutive ranks) read as TP by shape and the cross-group
-# all-reduces as DP, with no pipeline to correct them: the megatron template then ends a step at every
-# layer's all-reduce (8 steps per step). Period detection alone recovers them (tested).
-TEMPLATE_MISREADS = {("64 GPUs HSDP, shard groups of 8", "no coordinates")}
+# all-reduces as DP, with no pipeline to correct them: the megatron template matches and ends a step at
+# every layer's all-reduce (8 steps per step, 1/8 of the starts right). With roles from shape alone a
+# template must agree with the rank's own period, so period detection is used there (issue 16).
 CASES = [pytest.param(n, c, id=f"{n}, {c}") for n in LAYOUTS for c in COORDINATES if (n, c) not in UNDECIDABLE]
 
 
@@ -86,10 +87,8 @@ def _recovered(
 @pytest.mark.parametrize("use_templates", [True, False], ids=["templates", "period only"])
 @pytest.mark.parametrize(("name", "coordinates"), CASES)
 def test_recovered_steps_start_where_the_generated_steps_start(
-    name: str, coordinates: str, use_templates: bool, tmp_path: Path, request: pytest.FixtureRequest
+    name: str, coordinates: str, use_templates: bool, tmp_path: Path
 ) -> None:
-    if use_templates and (name, coordinates) in TEMPLATE_MISREADS:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="HSDP groups read by shape (TEMPLATE_MISREADS)"))
     rank_steps, truth, step_ns, method = _recovered(name, tmp_path, use_templates, coordinates)
     if not use_templates:
         assert method == "period"
@@ -117,3 +116,20 @@ def test_recovered_steps_start_where_the_generated_steps_start(
     job_recovered = np.sort(recovered.group_by("rank").agg(pl.col("start_ns")).explode("start_ns")["start_ns"])
     errors = [np.min(np.abs(job_recovered - t)) / step_ns for t in job_true]
     assert max(errors) <= 0.05
+
+
+def test_a_resumed_engine_still_checks_templates_against_the_period(tmp_path: Path) -> None:
+    """Roles from shape alone: the check survives a checkpoint taken before any rank chose its method."""
+    job = _job("64 GPUs HSDP, shard groups of 8")
+    path = tmp_path / "comm.parquet"
+    job.communication_only().drop(COORDINATES["no coordinates"]).write_parquet(path)
+    events = prepare_events(load(path))
+    engine = StepEngine(check_templates=True)
+    half = len(events["rank"]) // 2
+    engine.feed({k: v[:half] for k, v in events.items()})
+    engine = StepEngine.resume(engine.checkpoint())
+    engine.feed({k: v[half:] for k, v in events.items()})
+    engine.flush()
+    assert {st.method for st in engine.ranks.values()} == {"period"}
+    # One recovered step per generated step on every rank (the template made 8 per step).
+    assert {st.step + 1 for st in engine.ranks.values()} == {len(job.truth["step_starts_s"])}

@@ -1,8 +1,9 @@
 """The semantic engine: recover training steps from each rank's communication sequence.
 
 Per rank, events (communication only, in time order) become signatures; the rank's first
-``warmup`` events choose the method (the best-fitting template, else period detection), then a
-two-state machine (see comminsight.semantic.templates) marks where steps open. Everything is
+``warmup`` events choose the method (the best-fitting template, else period detection; with
+``check_templates``, a template that cuts the rank's period into less regular pieces loses to period
+detection), then a two-state machine (see comminsight.semantic.templates) marks where steps open. Everything is
 numpy over arrays of codes: a chunk costs a few vectorised passes, never a Python object per
 event.
 
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from comminsight.semantic.period import detect_period
+from comminsight.semantic.period import Period, detect_period
 from comminsight.semantic.roles import N_SIGNATURES, ROLES
 from comminsight.semantic.templates import END, NEUTRAL, START, Template, builtin_templates
 
@@ -106,6 +107,12 @@ def find_starts(cls: np.ndarray, min_run: int, after_end: bool) -> tuple[np.ndar
     return starts.astype(np.int64), hold_from, state
 
 
+def _spread(starts: np.ndarray) -> float:
+    """Coefficient of variation of the times between consecutive step starts (0: perfectly regular)."""
+    d = np.diff(starts).astype(np.float64)
+    return float(d.std() / d.mean()) if d.size > 1 and d.mean() > 0 else float("inf")
+
+
 @dataclass
 class _Rank:
     """What the engine remembers about one rank between chunks."""
@@ -150,6 +157,7 @@ class StepEngine:
         window: int = 2,
         min_fit: float = 0.6,
         use_templates: bool = True,
+        check_templates: bool = False,
     ) -> None:
         self.templates = list(templates) if templates is not None else builtin_templates()
         if not use_templates:
@@ -157,6 +165,9 @@ class StepEngine:
         self.warmup = int(warmup)
         self.window = max(1, int(window))
         self.min_fit = float(min_fit)
+        # Roles read from the communicators' shape alone (no labels): a template may match misread roles,
+        # so it must agree with the rank's own period (``_agrees_with_period``).
+        self.check_templates = bool(check_templates)
         self.ranks: dict[int, _Rank] = {}
 
     # ----------------------------------------------------------------- choosing a method
@@ -184,16 +195,41 @@ class StepEngine:
             score = self._fit(template, sig)
             if score > best_score + 1e-9:
                 best, best_score = template, score
-        if best is not None:
+        if best is not None and not self.check_templates:
             state.method = best.name
             return
         found = detect_period(sig, ev["start_ns"], ev["end_ns"])
+        if best is not None and self._agrees_with_period(best, found, ev):
+            state.method = best.name
+            return
         if found is None or found.period < 2:
             state.method = "none"
         else:
             state.method, state.anchor, state.anchor_prev = "period", found.anchor, found.anchor_prev
             state.min_run = found.min_run
             state.setup = found.setup
+
+    @staticmethod
+    def _agrees_with_period(template: Template, found: Period | None, ev: dict[str, np.ndarray]) -> bool:
+        """False when the template cuts the rank's period into several steps and the period's steps are more regular.
+
+        With roles from shape alone, a template can match misread communicators: HSDP's shard groups
+        (consecutive ranks) read as TP and its cross-group all-reduces as DP, so the megatron template
+        ended a step at every layer's all-reduce. Those pieces are a fraction of the repeating program
+        and last very different times (forward, backward, optimizer); the job's own period does not.
+        """
+        if found is None or found.period < 2:
+            return True
+        sig, start = ev["sig"], ev["start_ns"]
+        cls, _ = _tables(template)
+        t_starts, _, _ = find_starts(cls[sig], template.min_run, True)
+        p_starts, _, _ = find_starts(
+            _period_classes(found.anchor, found.anchor_prev)[sig[found.setup :]], found.min_run, True
+        )
+        p_starts = p_starts + found.setup
+        if p_starts.size < 3 or t_starts.size < 1.5 * p_starts.size:
+            return True  # about one template step per period: they agree
+        return _spread(start[t_starts]) <= _spread(start[p_starts])
 
     def _classes(self, state: _Rank) -> tuple[np.ndarray, int]:
         if state.method == "period":
@@ -381,6 +417,7 @@ class StepEngine:
             "warmup": self.warmup,
             "window": self.window,
             "min_fit": self.min_fit,
+            "check_templates": self.check_templates,
             "ranks": ranks,
         }
         return json.dumps(doc, separators=(",", ":")).encode()
@@ -398,7 +435,11 @@ class StepEngine:
             raise CheckpointError(f"checkpoint version is not {CHECKPOINT_VERSION}")
         try:
             engine = cls(
-                templates=templates, warmup=int(doc["warmup"]), window=int(doc["window"]), min_fit=float(doc["min_fit"])
+                templates=templates,
+                warmup=int(doc["warmup"]),
+                window=int(doc["window"]),
+                min_fit=float(doc["min_fit"]),
+                check_templates=bool(doc.get("check_templates", False)),
             )
             known = {t.name for t in engine.templates}
             missing = [n for n in doc["templates"] if n not in known]

@@ -62,6 +62,18 @@ def role_from_desc(desc: str | None) -> str | None:
     return None
 
 
+def roles_from_shape_alone(table: pa.Table | pl.DataFrame) -> bool:
+    """True when ``table`` names no communicator's role: no group description and no parallel coordinate.
+
+    Then every collective group's role is read from its member set (``infer_roles``), which a layout
+    of another shape can mislead (an HSDP shard group is consecutive ranks, like a TP group).
+    """
+    df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    labels = [c for c in ("comm_desc", *_COORD_ROLE) if c in df.columns]
+    return all(df.get_column(c).null_count() == df.height for c in labels)
+
+
 def role_rows(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
     """What roles are inferred from: the first row of every (communicator, rank, op, peer), in table order.
 

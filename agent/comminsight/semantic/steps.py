@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from comminsight.semantic.engine import StepEngine, summaries_frame
 from comminsight.semantic.matching import match_operations
-from comminsight.semantic.roles import OP_CODE, ROLE_CODE, ROLES, infer_roles, signatures
+from comminsight.semantic.roles import OP_CODE, ROLE_CODE, ROLES, infer_roles, roles_from_shape_alone, signatures
 from comminsight.semantic.templates import Template
 
 
@@ -196,7 +196,10 @@ def recover_steps(
         matched = match_operations(df.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64)))
         wait_ns = matched.get_column("wait_ns").to_numpy()
     events = prepare_events(df, wait_ns, roles)
-    engine = StepEngine(templates=templates, window=window, use_templates=use_templates)
+    # Roles read from shape alone: a template must agree with each rank's own period (``StepEngine``).
+    engine = StepEngine(
+        templates=templates, window=window, use_templates=use_templates, check_templates=roles_from_shape_alone(df)
+    )
     rows, steps, final = run_engine(events, engine, chunk_size)
     cal = calibration or StepCalibration()
     methods = {r: st.method or "none" for r, st in engine.ranks.items()}
