@@ -646,7 +646,7 @@ _PLANNED = ("prev", "group_dense", "batch", "step", "step_index", "shift", "sync
 _PLANNED += ("gap", "work", "ideal_gap", "ideal_work")
 # Per-event arrays read only while the references and the per-atom sums are taken (_ideal_inputs).
 _REFERENCES = ("partner", "matched", "rank", "work_key", "gap_key", "comm", "op_kind", "is_compute")
-_REFERENCES += ("excess_work", "excess_gap", "step_start")
+_REFERENCES += ("step_start",)
 
 
 def _comms_without_peers(arrays: dict[str, np.ndarray]) -> set[str]:
@@ -678,6 +678,7 @@ def _plan_replay(arrays: dict[str, np.ndarray]) -> None:
     for name in _REFERENCES:
         arrays.pop(name, None)
     arrays["plan"] = step_windows(arrays)
+    _replay_inputs32(arrays)
     if arrays["plan"] is not None:
         for name in _PLANNED:
             arrays.pop(name, None)
@@ -739,8 +740,16 @@ def _host_waits(
 
 def _quantiles(arrays: dict[str, np.ndarray], key: np.ndarray, values: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
     """Per event (rows) and quantile (columns): the ``q`` quantile of ``values`` over every event with the same key
-    (NaN if none), exact, from counting passes over windows of whole steps (``keyed_quantiles``): no pass holds
-    more than one window's values and, per key, a few intervals' worth.
+    (NaN if none); see ``_key_quantiles``."""
+    return _key_quantiles(arrays, key, values, qs)[key]
+
+
+def _key_quantiles(
+    arrays: dict[str, np.ndarray], key: np.ndarray, values: np.ndarray, qs: tuple[float, ...]
+) -> np.ndarray:
+    """Per key (rows) and quantile (columns): the ``q`` quantile of ``values`` over every event with the key (NaN if
+    none), exact, from counting passes over windows of whole steps (``keyed_quantiles``): no pass holds more than one
+    window's values and, per key, a few intervals' worth.
 
     The healthy job takes the lower quartile, not the median: when half the peers are slow (one of two pipeline
     stages), the median is half slow; the lower quartile still describes the healthy ones.
@@ -752,59 +761,90 @@ def _quantiles(arrays: dict[str, np.ndarray], key: np.ndarray, values: np.ndarra
             events = order[a:b]
             yield key[events], values[events]
 
-    return keyed_quantiles(parts, int(key.max(initial=-1)) + 1, qs)[key]
+    return keyed_quantiles(parts, int(key.max(initial=-1)) + 1, qs)
 
 
 def _mean(key: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Per event, the mean of ``values`` over every event with the same key (NaN if none)."""
+    return _key_means(key, values)[key]
+
+
+def _key_means(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per key, the mean of ``values`` over every event with the key (NaN if none)."""
     frame = pl.DataFrame({"k": key, "v": values}).filter(pl.col("v").is_not_nan())
     m = frame.group_by("k").agg(pl.col("v").mean())
     out = np.full(int(key.max(initial=0)) + 1, np.nan)
     out[m.get_column("k").to_numpy()] = m.get_column("v").to_numpy()
-    return out[key]
+    return out
 
 
 def _ideal_inputs(arrays: dict[str, np.ndarray], stage: np.ndarray | None = None) -> None:
-    """Per event: healthy (at most the lower quartile) and mean gap and work; excess over the median.
+    """Per event: healthy (at most the lower quartile) and mean gap and work; per (rank, step) and per (atom,
+    step): the summed excess over the median.
 
     ``stage`` (per event, the rank's pipeline stage, or None) matters when the gaps are the compute
     (no compute rows): see _stage_gap_reference.
     """
     gap, work = arrays["gap"], arrays["work"]
+    n = gap.size
+    # The references per key (or, for a pipeline's compute gaps, per event: _stage_gap_reference); what they
+    # give per event is worked out window by window of whole steps, so no per-event quartile, median or
+    # excess is held over the whole trace.
     gap_ref = _stage_gap_reference(arrays, stage)
+    work_q = _key_quantiles(arrays, arrays["work_key"], work, (0.25, 0.5))
+    work_mean = _key_means(arrays["work_key"], work)
     if gap_ref is None:
-        q_gap, med_gap = _quantiles(arrays, arrays["gap_key"], gap, (0.25, 0.5)).T
-        mean_gap = _mean(arrays["gap_key"], gap)
-    else:
-        q_gap, med_gap, mean_gap = gap_ref
-    q_work, med_work = _quantiles(arrays, arrays["work_key"], work, (0.25, 0.5)).T
-    arrays["ideal_gap"] = np.where(np.isnan(q_gap), gap, np.minimum(gap, q_gap))
-    arrays["ideal_work"] = np.where(np.isnan(q_work), work, np.minimum(work, q_work))
-    arrays["excess_gap"] = np.nan_to_num(gap - med_gap)
-    arrays["excess_work"] = np.nan_to_num(work - med_work)
-    # Per rank and step: the rank's total excess. A candidate is compared with the ranks outside
-    # it (see _rank_excess), so half the job being slow does not move its reference.
+        gap_q = _key_quantiles(arrays, arrays["gap_key"], gap, (0.25, 0.5))
+        gap_mean = _key_means(arrays["gap_key"], gap)
     n_steps = arrays["step_ids"].size
-    rank_ids, rank_index = np.unique(arrays["rank"], return_inverse=True)
+    rank_ids = np.unique(arrays["rank"])
     per = np.zeros((rank_ids.size, n_steps))
-    np.add.at(per, (rank_index, arrays["step_index"]), arrays["excess_work"] + arrays["excess_gap"])
+    n_atoms = arrays["atom_count"].size
+    atom_sums = {name: np.zeros(n_atoms * n_steps) for name in ("work", "gap")}
+    rank_stage = np.full(rank_ids.size, -1, dtype=np.int64)
+    for name in ("ideal_gap", "ideal_work", "mean_gap", "mean_work"):
+        arrays[name] = np.empty(n)
+    order = arrays["step_order"]
+    for a, b in pairwise(arrays["reference_windows"]):
+        events = order[a:b]
+        g, w = gap[events], work[events]
+        if gap_ref is None:
+            k = arrays["gap_key"][events]
+            q_gap, med_gap, mean_gap = gap_q[k, 0], gap_q[k, 1], gap_mean[k]
+        else:
+            q_gap, med_gap, mean_gap = (ref[events] for ref in gap_ref)
+        k = arrays["work_key"][events]
+        q_work, med_work, mean_work = work_q[k, 0], work_q[k, 1], work_mean[k]
+        arrays["ideal_gap"][events] = np.where(np.isnan(q_gap), g, np.minimum(g, q_gap))
+        arrays["ideal_work"][events] = np.where(np.isnan(q_work), w, np.minimum(w, q_work))
+        # The what-if study's ideal: every operation at its mean over ranks and steps.
+        arrays["mean_gap"][events] = np.where(np.isnan(mean_gap), g, mean_gap)
+        arrays["mean_work"][events] = np.where(np.isnan(mean_work), w, mean_work)
+        excess = {"gap": np.nan_to_num(g - med_gap), "work": np.nan_to_num(w - med_work)}
+        # Per rank and step: the rank's total excess. A candidate is compared with the ranks outside
+        # it (see _rank_excess), so half the job being slow does not move its reference. A (rank, step)
+        # or (atom, step) cell lies in one window and its events keep their order: the sums are those
+        # over the whole trace, to the bit.
+        rank_index, step_index = np.searchsorted(rank_ids, arrays["rank"][events]), arrays["step_index"][events]
+        np.add.at(per, (rank_index, step_index), excess["work"] + excess["gap"])
+        # Per atom and step: its events' summed excess, durations and gaps apart; what _excess reads.
+        cell = arrays["atom"][events] * n_steps + step_index
+        for name, values in excess.items():
+            atom_sums[name] += np.bincount(cell, weights=values, minlength=n_atoms * n_steps)
+        if stage is not None:
+            rank_stage[rank_index] = stage[events]
     arrays["rank_excess"] = per
-    # Per atom and step: its events' summed excess, durations and gaps apart; what _excess reads.
-    n_atoms, cell = arrays["atom_count"].size, arrays["atom"] * n_steps + arrays["step_index"]
-    for name in ("work", "gap"):
-        sums = np.bincount(cell, weights=arrays[f"excess_{name}"], minlength=n_atoms * n_steps)
+    for name, sums in atom_sums.items():
         arrays[f"atom_excess_{name}"] = sums.reshape(n_atoms, n_steps)
     arrays["rank_ids"] = rank_ids
     if gap_ref is not None and stage is not None:
         # Each rank's stage, for comparing a rank with the others of its stage (_rank_excess).
-        rank_stage = np.full(rank_ids.size, -1, dtype=np.int64)
-        rank_stage[rank_index] = stage
         arrays["rank_stage"] = rank_stage
-    # The what-if study's ideal: every operation at its mean over ranks and steps.
-    for name, mean, values in (("gap", mean_gap, gap), ("work", _mean(arrays["work_key"], work), work)):
-        arrays[f"mean_{name}"] = np.where(np.isnan(mean), values, mean)
-    # The replay's float32 inputs, relative to each step's begin (see _run). A rank's first
-    # operation starts where it was observed to start, in every scenario.
+
+
+def _replay_inputs32(arrays: dict[str, np.ndarray]) -> None:
+    """The replay's float32 inputs, relative to each step's begin (see _run). A rank's first operation starts where
+    it was observed to start, in every scenario. Made once the windows are planned (not held while planning)."""
     for name in ("work", "ideal_work", "gap", "ideal_gap"):
         arrays[f"{name}32"] = arrays[name].astype(np.float32)
     arrays["start_offset32"] = arrays["start_offset"].astype(np.float32)
