@@ -68,10 +68,12 @@ def step_windows(arrays: dict[str, Any], max_events: int | None = None) -> list[
     bounds.append(n_steps)
     order, cuts = arrays["step_order"], np.r_[arrays["step_cuts"], n]
     windows: list[dict[str, Any]] = []
-    owner = np.full(n, -1, np.int64)  # window of each event
-    local = np.zeros(n, np.int64)  # its index in the window
+    # The windows' indices are kept between the culprit rounds' replays: 32-bit while the trace allows it.
+    index = np.int32 if n < 2**31 else np.int64
+    owner = np.full(n, -1, index)  # window of each event
+    local = np.zeros(n, index)  # its index in the window
     for w, (a, b) in enumerate(pairwise(bounds)):
-        events = np.sort(order[cuts[a] : cuts[b]])
+        events = np.sort(order[cuts[a] : cuts[b]]).astype(index)
         owner[events] = w
         local[events] = np.arange(events.size)
         windows.append({"events": events, "steps": (a, b)})
@@ -92,8 +94,8 @@ def step_windows(arrays: dict[str, Any], max_events: int | None = None) -> list[
         step = arrays["step"][events]
         win.update(
             prev=local_prev,
-            group_dense=local_group.astype(np.int64),
-            batch=np.r_[local_batch.astype(np.int64), nb + np.arange(ghosts.size)],
+            group_dense=local_group.astype(index),
+            batch=np.r_[local_batch, nb + np.arange(ghosts.size)].astype(index),
             n_own_batches=nb,
             step=np.r_[step, np.full(ghosts.size, step.min(initial=0) - 1)],
             shift=arrays["shift"][events],
@@ -112,7 +114,7 @@ def step_windows(arrays: dict[str, Any], max_events: int | None = None) -> list[
         # Per-step maxima of the window's ends (its steps in order).
         steps = step_index[events]
         w_order = np.argsort(steps, kind="stable")
-        win["step_order"] = w_order
+        win["step_order"] = w_order.astype(index)
         win["step_cuts"] = np.flatnonzero(np.r_[True, steps[w_order][1:] != steps[w_order][:-1]]) if m else w_order
     carried = np.unique(np.concatenate(ghost_all)) if ghost_all else np.zeros(0, np.int64)
     for win in windows:
