@@ -234,6 +234,40 @@ def test_windows_are_prepared_alone_in_any_order(tmp_path: Path) -> None:
     assert sum(p.columns["row"].size for p in forward) == one.columns["row"].size
 
 
+@pytest.mark.parametrize("rows", [1 << 40, 1], ids=["one-window", "one-step-windows"])
+@pytest.mark.parametrize("steps", [1, 3])
+def test_each_ranks_last_compute_row_of_the_trace_counts_in_its_step(
+    steps: int, rows: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every rank ends the trace with its optimizer (a compute row, followed by nothing). It is work, not a step
+    # annotation: a job whose last compute rows are 40 ms slower has a last step 40 ms longer.
+    slower_ns = 40_000_000
+    generate(Layout(tp=2, pp=2, dp=2), steps=steps, seed=4).write(tmp_path / "job.parquet")
+    table = pl.from_arrow(load(tmp_path / "job.parquet"))
+    assert isinstance(table, pl.DataFrame)
+    table = table.with_row_index("i")
+    last = table.sort("rank", "start_ns").group_by("rank").agg(pl.col("i").last(), pl.col("op").last())
+    assert last.height == 8
+    assert last.get_column("op").to_list() == ["compute"] * 8
+    slow = table.with_columns(
+        end_ns=pl.when(pl.col("i").is_in(last.get_column("i").implode()))
+        .then(pl.col("end_ns") + slower_ns)
+        .otherwise(pl.col("end_ns"))
+    )
+    monkeypatch.setattr(stragglers, "PREPARE_ROWS", rows)
+    fast_steps = analyse_stragglers(table.drop("i")).to_dict()["per_step"]
+    slow_steps = analyse_stragglers(slow.drop("i")).to_dict()["per_step"]
+    assert len(fast_steps) == len(slow_steps) == steps
+    durations = [[s["duration_ms"] for s in report] for report in (fast_steps, slow_steps)]
+    assert durations[1][:-1] == durations[0][:-1]
+    assert durations[1][-1] == pytest.approx(durations[0][-1] + slower_ns / 1e6, abs=1e-6)
+    if steps == 1:
+        # One step: its time is the trace's, from the first start to the last end (the optimizers' ends).
+        for frame, (duration,) in zip((table, slow), durations, strict=True):
+            span = frame.select(pl.col("end_ns").max() - pl.col("start_ns").min()).item()
+            assert duration == pytest.approx(span / 1e6, abs=1e-6)
+
+
 @pytest.mark.parametrize(
     "source", [_generated, _recorded, _simulated], ids=["generated-dp-compute", "recorded-kineto", "simulated-raw-logs"]
 )

@@ -415,10 +415,11 @@ def _prepare_window(
     ev = ev.with_columns(s=pl.coalesce("start_ns", "enqueue_ns"), e=pl.coalesce("end_ns", "start_ns", "enqueue_ns"))
     ev = ev.filter(pl.col("s").is_not_null()).sort("rank", "_step", "s", "row")
     # A compute row that spans the rank's next operation (here or in a later window) is an annotation (a
-    # profiler's step span), not work the rank did before it.
+    # profiler's step span), not work the rank did before it. A rank's last row of the trace has no next
+    # operation and is kept (no sentinel time: one added to the slack would wrap around).
     following = pl.col("s").shift(-1).over("rank").fill_null(pl.col("_next"))
     ev = ev.join(after, on="rank", how="left", maintain_order="left").filter(
-        (pl.col("op") != "compute") | (pl.col("e") <= following.fill_null(np.iinfo(np.int64).max) + WAIT_CLOCK_SLACK_NS)
+        (pl.col("op") != "compute") | following.is_null() | (pl.col("e") <= following + WAIT_CLOCK_SLACK_NS)
     )
     # What makes two ranks' operations "the same" for the what-if reference: the signature
     # (role, op, size); when sizes are unknown, the operation's name as the source gave it.
