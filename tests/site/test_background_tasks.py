@@ -170,8 +170,9 @@ def test_a_cancelled_ingest_requeued_through_the_api_is_ingested_and_says_who_re
     archive = cancelled(tmp_path, personas.alice)
     assert archive.path.endswith(f"quarantine/{archive.sha256}")
 
+    client = admin_client(personas)  # signing in saves the user, which has its own commit hook
     with django_capture_on_commit_callbacks() as queued:
-        response = admin_client(personas).post(requeue_url(archive))
+        response = client.post(requeue_url(archive))
     assert response.status_code == 200
     body = response.json()
     assert (body["state"], body["attempts"], body["requeued_by"]) == ("stored", 0, "admin")
