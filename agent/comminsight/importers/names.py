@@ -47,7 +47,8 @@ def archive_tables(path: Path) -> list[dict[str, Any]]:
 def evidence_tables(path: Path) -> list[dict[str, Any]]:
     """Every process-group table that belongs with the evidence at ``path``."""
     path = Path(path)
-    if path.is_file():
+    beside_a_file = path.is_file()
+    if beside_a_file:
         if path.name.endswith(".tar.zst"):
             return archive_tables(path)
         path = path.parent
@@ -56,7 +57,9 @@ def evidence_tables(path: Path) -> list[dict[str, Any]]:
     tables = load_tables(path)
     if path.name == "inspector_logs":
         tables += load_tables(path.parent)
-    archives = sorted(islice((p for p in path.rglob("*.tar.zst") if p.is_file()), MAX_ARCHIVES))
+    # a directory given is searched whole; a file's own folder only (a trace in /tmp or ~ must not walk it)
+    found = path.glob("*.tar.zst") if beside_a_file else path.rglob("*.tar.zst")
+    archives = sorted(islice((p for p in found if p.is_file()), MAX_ARCHIVES))
     for archive in archives:
         tables += archive_tables(archive)
     return tables
