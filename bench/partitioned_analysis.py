@@ -16,8 +16,9 @@ written straight to its Parquet object. Then, in the same run:
                  maps and merge, then stage 2's); with 1 and 2 workers.
 
 Stragglers (``--kinds stragglers``; the job has no step labels and no compute rows: steps are recovered, gaps are
-the compute): their chord, as ``apps.analysis.partitions`` runs it (planning: the store read once, the steps, the
-plan, each window of whole steps written; one map task per window; the reduce), each task in a fresh worker for
+the compute): their chord, as ``apps.analysis.partitions`` runs it (planning: two passes over batches of whole
+ranks of up to ``--partition-rows`` rows, ``plan_in_batches``, then each window of whole steps written; one map
+task per window; the reduce), each task in a fresh worker for
 its own peak, then the whole-table task in a fresh worker; the reports must be equal (1e-9).
 
 Tasks run in long-lived worker processes, as Celery's are (started and warmed up - libraries imported -
@@ -446,20 +447,27 @@ def _load_doc(prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def stragglers_plan_task(files: list[str], max_rows: int, out: str) -> tuple[int, float, float, float]:
-    """The stragglers chord's planning (as ``apps.analysis.partitions`` runs it): the store read once, the steps,
-    the job's facts and the plan; each window's rows written. (windows, seconds, peak before, peak)."""
+    """The stragglers chord's planning (as ``apps.analysis.partitions`` runs it): two passes over batches of whole
+    ranks (``plan_in_batches``), then each window's rows written. (windows, seconds, peak before, peak)."""
     before = _peak_mib()
 
     def work() -> int:
-        from comminsight.analysis import stragglers as st
+        from comminsight.analysis.straggler_plan import LocalScratch, plan_in_batches, window_frame
 
-        df, facts = st.prepare_table(ds.dataset(files, format="parquet", schema=SCHEMA).to_table())
-        plan = st.plan_preparation(df, prepare=facts.evidence is None, max_rows=max_rows)
-        for i in range(len(plan.windows)):
-            st.window_rows(df, plan, i).write_parquet(f"{out}-window-{i:06d}.parquet")
-        _store_doc(f"{out}-plan", *plan.to_stored())
-        _store_doc(f"{out}-facts", *facts.to_stored())
-        return len(plan.windows)
+        batches = [part[0] for part in plan("hang", files, max_rows)]  # whole ranks, as the site batches them
+
+        def load(i: int) -> pl.DataFrame:
+            frame = pl.from_arrow(ds.dataset(batches[i], format="parquet", schema=SCHEMA).to_table())
+            assert isinstance(frame, pl.DataFrame)
+            return frame
+
+        scratch = LocalScratch(f"{out}-scratch")
+        planned = plan_in_batches(len(batches), load, scratch, max_rows=max_rows)
+        for i in range(len(planned.plan.windows)):
+            window_frame(scratch, planned, i).write_parquet(f"{out}-window-{i:06d}.parquet")
+        _store_doc(f"{out}-plan", *planned.plan.to_stored())
+        _store_doc(f"{out}-facts", *planned.facts.to_stored())
+        return len(planned.plan.windows)
 
     n, took, peak = _timed(work)
     return n, took, before, peak

@@ -270,9 +270,9 @@ def _plan(job_id: int, attempt: int) -> dict[str, Any]:
     return json.loads(store.read_bytes(store.location(f"{_run_prefix(job_id, attempt)}/plan.json")))
 
 
-def _write_frame(key: str, frame: pl.DataFrame) -> None:
+def _write_frame(key: str, frame: pl.DataFrame, row_group_size: int | None = None) -> None:
     buffer = io.BytesIO()
-    frame.write_parquet(buffer, compression="zstd")
+    frame.write_parquet(buffer, compression="zstd", row_group_size=row_group_size)
     object_store().write_bytes(key, buffer.getvalue())
 
 
@@ -456,29 +456,72 @@ def _read_stored(prefix: str) -> tuple[dict[str, Any], dict[str, pl.DataFrame]]:
     return doc, {name: _read_frame(f"{prefix}-{name}.parquet") for name in doc.pop("_frames")}
 
 
-def _stragglers_start(job: AnalysisJob, files: list[str], run: str) -> int:
-    """Plan a stragglers run (``comminsight.analysis.stragglers``: ``prepare_table``, ``plan_preparation``): the
-    store is read once as the whole-table run reads it (a store partitioned by rank holds no step window: this
-    re-partitions it), the job's facts and the preparation's plan are stored, and each window of whole steps (up to
-    ``ANALYSIS_PARTITION_ROWS`` rows, never cut through a collective or a send/receive pair) is written as a
-    Parquet object of the columns its map task reads. Returns the number of windows."""
-    from comminsight.analysis.stragglers import plan_preparation, prepare_table, window_rows
+class _RunScratch:
+    """Planning's scratch objects of a stragglers run (``comminsight.analysis.straggler_plan.Scratch``), under
+    ``<run>/plan/``: written between its passes, removed once the windows are written."""
 
-    with workload_metadata_dir(job.workload) as tables:
-        table = operations_named(finish(_read(files, None, None)), tables)
-    if table.num_rows == 0:
+    def __init__(self, run: str) -> None:
+        self.prefix = f"{run}/plan"
+
+    def write(self, key: str, frame: pl.DataFrame) -> None:
+        from comminsight.analysis.straggler_plan import SCRATCH_ROW_GROUP
+
+        _write_frame(f"{self.prefix}/{key}.parquet", frame, row_group_size=SCRATCH_ROW_GROUP)
+
+    def read(self, keys: list[str], lo: int | None = None, hi: int | None = None) -> pl.DataFrame:
+        store = object_store()
+        where = None
+        if lo is not None:
+            where = pc.field("_step") >= lo
+        if hi is not None:
+            where = (pc.field("_step") <= hi) if where is None else where & (pc.field("_step") <= hi)
+        locations = [store.location(f"{self.prefix}/{key}.parquet") for key in keys]
+        parts = [  # row groups of other steps are skipped (the batches' rows are sorted by step)
+            store.dataset(locations[i : i + READ_FILES]).to_table(filter=where)
+            for i in range(0, len(locations), READ_FILES)
+        ]
+        frame = pl.from_arrow(pa.concat_tables(parts))
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+
+
+def _stragglers_start(job: AnalysisJob, files: list[str], run: str) -> int:
+    """Plan a stragglers run (``comminsight.analysis.straggler_plan.plan_in_batches``: the ``prepare_table`` and
+    ``plan_preparation`` of the whole table) over batches of whole ranks (``rank_partitions``, up to
+    ``ANALYSIS_PARTITION_ROWS`` rows each, decoded with the store's communicator members as the whole table is),
+    one batch held at a time; the job's facts and the preparation's plan are stored, and each window of whole steps
+    (up to ``ANALYSIS_PARTITION_ROWS`` rows, never cut through a collective or a send/receive pair) is written as a
+    Parquet object of the columns its map task reads (a store laid out by rank holds no step window: this
+    re-partitions it). Returns the number of windows."""
+    from comminsight.analysis.straggler_plan import plan_in_batches, window_frame
+
+    batches = rank_partitions(files, settings.ANALYSIS_PARTITION_ROWS) if files else []
+    if not batches or sum(_file_rows(files[i]) for b in batches for i in b.files) == 0:
         raise ValueError(NO_OPERATIONS)
-    frame = pl.from_arrow(table)
-    assert isinstance(frame, pl.DataFrame)
-    del table
-    df, facts = prepare_table(frame, use_labels=not job.parameters["ignore_labels"])
-    del frame
-    plan = plan_preparation(df, prepare=facts.evidence is None, max_rows=settings.ANALYSIS_PARTITION_ROWS)
-    for i in range(len(plan.windows)):
-        _write_frame(f"{run}/window-{i:06d}.parquet", window_rows(df, plan, i))
-    _write_stored(f"{run}/stragglers-plan", *plan.to_stored())
-    _write_stored(f"{run}/stragglers-facts", *facts.to_stored())
-    return len(plan.windows)
+    members = store_communicator_members(files)
+
+    scratch = _RunScratch(run)
+    with workload_metadata_dir(job.workload) as tables:
+
+        def load(i: int) -> pl.DataFrame:
+            rows = finish(_read([files[k] for k in batches[i].files], None, None), members)
+            frame = pl.from_arrow(operations_named(rows, tables))
+            assert isinstance(frame, pl.DataFrame)
+            return frame
+
+        planned = plan_in_batches(
+            len(batches),
+            load,
+            scratch,
+            use_labels=not job.parameters["ignore_labels"],
+            max_rows=settings.ANALYSIS_PARTITION_ROWS,
+        )
+    for i in range(len(planned.plan.windows)):
+        _write_frame(f"{run}/window-{i:06d}.parquet", window_frame(scratch, planned, i))
+    object_store().delete_prefix(scratch.prefix)
+    _write_stored(f"{run}/stragglers-plan", *planned.plan.to_stored())
+    _write_stored(f"{run}/stragglers-facts", *planned.facts.to_stored())
+    return len(planned.plan.windows)
 
 
 def _stragglers_map(job_id: int, attempt: int, index: int) -> None:

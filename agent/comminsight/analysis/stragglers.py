@@ -130,15 +130,19 @@ def _with_steps(df: pl.DataFrame, use_labels: bool) -> tuple[pl.DataFrame, str]:
     from comminsight.semantic.steps import recover_steps
 
     report = recover_steps(df.drop("row"))
-    starts = report.rank_steps.select(pl.col("rank").cast(pl.Int64), "start_ns", _step=pl.col("step")).sort("start_ns")
+    return steps_from_starts(df, report.rank_steps), f"recovered ({report.method})"
+
+
+def steps_from_starts(df: pl.DataFrame, rank_steps: pl.DataFrame) -> pl.DataFrame:
+    """``df`` (with ``row``) with ``_step``: each row in the last of its rank's recovered steps (``rank_steps``:
+    rank, step, start_ns) begun at or before it; -1 before the rank's first step."""
+    starts = rank_steps.select(pl.col("rank").cast(pl.Int64), "start_ns", _step=pl.col("step")).sort("start_ns")
     rows = df.select("row", pl.col("rank").cast(pl.Int64), key=pl.coalesce("start_ns", "enqueue_ns")).sort("key")
     joined = rows.join_asof(
         starts, left_on="key", right_on="start_ns", by="rank", strategy="backward", check_sortedness=False
     )
     steps = joined.select("row", "_step").sort("row")
-    return df.join(steps, on="row", how="left").with_columns(
-        pl.col("_step").fill_null(-1)
-    ), f"recovered ({report.method})"
+    return df.join(steps, on="row", how="left").with_columns(pl.col("_step").fill_null(-1))
 
 
 def _preparation_windows(df: pl.DataFrame, pairs: pl.DataFrame, max_rows: int) -> list[tuple[int, int]]:
@@ -151,26 +155,38 @@ def _preparation_windows(df: pl.DataFrame, pairs: pl.DataFrame, max_rows: int) -
     and the pairs' rows (a few integer columns, not the table).
     """
     counts = df.group_by("_step").len().sort("_step")
-    steps = counts.get_column("_step").to_numpy()
-    per_step = counts.get_column("len").to_numpy()
-    coll = (
-        df.lazy()
-        .filter(~pl.col("is_p2p") & (pl.col("op") != "compute") & (pl.col("comm_size").fill_null(2) > 1))
+    coll = instance_steps(df.lazy()).filter(pl.col("lo") < pl.col("hi")).select("lo", "hi").collect()
+    spans = pl.concat([coll, pair_spans(pairs, df.select("row", "_step"))], how="vertical_relaxed")
+    return window_bounds(counts, spans, max_rows)
+
+
+def instance_steps(rows: pl.LazyFrame) -> pl.LazyFrame:
+    """Per collective instance (comm_id, op, seq) of ``rows`` (with ``_step``): the lowest and highest step of its
+    members' rows (``lo``, ``hi``). Those of disjoint sets of ranks merge by min and max."""
+    return (
+        rows.filter(~pl.col("is_p2p") & (pl.col("op") != "compute") & (pl.col("comm_size").fill_null(2) > 1))
         .filter(pl.col("comm_id").is_not_null() & pl.col("seq").is_not_null())
         .group_by("comm_id", "op", "seq")
         .agg(lo=pl.col("_step").min(), hi=pl.col("_step").max())
-        .filter(pl.col("lo") < pl.col("hi"))
-        .select("lo", "hi")
-        .collect()
     )
-    step_of = df.select("row", "_step")
-    p2p = (
+
+
+def pair_spans(pairs: pl.DataFrame, step_of: pl.DataFrame) -> pl.DataFrame:
+    """(``lo``, ``hi``) of the send/receive ``pairs`` whose two rows lie in different steps (``step_of``: row, _step
+    of both rows of every pair)."""
+    return (
         pairs.join(step_of, on="row")
         .join(step_of.rename({"row": "partner_row", "_step": "_partner_step"}), on="partner_row")
         .select(lo=pl.min_horizontal("_step", "_partner_step"), hi=pl.max_horizontal("_step", "_partner_step"))
         .filter(pl.col("lo") < pl.col("hi"))
     )
-    spans = pl.concat([coll, p2p], how="vertical_relaxed")
+
+
+def window_bounds(counts: pl.DataFrame, spans: pl.DataFrame, max_rows: int) -> list[tuple[int, int]]:
+    """The windows of ``_preparation_windows`` from the rows per step (``counts``: _step, len, sorted by step) and
+    the (``lo``, ``hi``) steps of every collective instance or send/receive pair spanning more than one step."""
+    steps = counts.get_column("_step").to_numpy()
+    per_step = counts.get_column("len").to_numpy()
     lo = np.searchsorted(steps, spans.get_column("lo").to_numpy())
     hi = np.searchsorted(steps, spans.get_column("hi").to_numpy())
     open_count = np.zeros(steps.size + 1, np.int64)
@@ -281,27 +297,34 @@ class WindowPart:
 def plan_preparation(df: pl.DataFrame, prepare: bool = True, max_rows: int | None = None) -> PreparationPlan:
     """The plan of a windowed preparation of ``df`` (which carries ``row`` and ``_step``)."""
     pairs = p2p_pairs(df.select(*_WINDOW_COLUMNS))
-    comm = (pl.col("_step") >= 0) & (pl.col("op") != "compute")
-    n_comm, n_unissued = df.select(comm.sum().alias("n"), (comm & pl.col("enqueue_ns").is_null()).sum().alias("u")).row(
-        0
-    )
+    n_comm, n_unissued = df.select(
+        COMM_ROW.sum().alias("n"), (COMM_ROW & pl.col("enqueue_ns").is_null()).sum().alias("u")
+    ).row(0)
     issue_model = bool(n_comm) and n_unissued == 0
-    kept = df.lazy().filter(comm if issue_model else pl.col("_step") >= 0)
-    next_starts = (
-        kept.select("rank", "_step", s=pl.coalesce("start_ns", "enqueue_ns"))
-        .filter(pl.col("s").is_not_null())
-        .group_by("rank", "_step")
-        .agg(pl.col("s").min())
-        .sort("rank", "_step")
-        .collect()
-    )
     return PreparationPlan(
         windows=_preparation_windows(df, pairs, PREPARE_ROWS if max_rows is None else max_rows),
         pairs=pairs,
         roles=infer_roles(df.drop("row", "_step")) if prepare else {},
         issue_model=issue_model,
         prepare=prepare,
-        next_starts=next_starts,
+        next_starts=next_starts(df.lazy(), issue_model).collect(),
+    )
+
+
+COMM_ROW = (pl.col("_step") >= 0) & (pl.col("op") != "compute")  # a communication row of a step
+
+
+def next_starts(rows: pl.LazyFrame, issue_model: bool) -> pl.LazyFrame:
+    """``PreparationPlan.next_starts`` of ``rows`` (with ``_step``): per (rank, step), sorted, the start (else issue
+    time) of the rank's first operation the replay keeps (communication only under the host-issue model). Those of
+    disjoint sets of ranks concatenate (then sort) into their union's."""
+    return (
+        rows.filter(COMM_ROW if issue_model else pl.col("_step") >= 0)
+        .select("rank", "_step", s=pl.coalesce("start_ns", "enqueue_ns"))
+        .filter(pl.col("s").is_not_null())
+        .group_by("rank", "_step")
+        .agg(pl.col("s").min())
+        .sort("rank", "_step")
     )
 
 
@@ -1168,10 +1191,18 @@ def _first_of_union(
     return None
 
 
+TIMED = pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null()
+NO_STEP = "insufficient: no training step could be recovered from the input (shorter than one step?)"
+
+
 def _insufficient(df: pl.DataFrame) -> str | None:
     """Why the evidence cannot answer who is slow, or None when it can."""
-    timed = pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null()
-    n_timed, n_ranks = df.select(timed.sum().alias("n"), pl.col("rank").filter(timed).n_unique()).row(0)
+    n_timed, n_ranks = df.select(TIMED.sum().alias("n"), pl.col("rank").filter(TIMED).n_unique()).row(0)
+    return insufficient(n_timed, n_ranks)
+
+
+def insufficient(n_timed: int, n_ranks: int) -> str | None:
+    """Why evidence of ``n_timed`` timed operations on ``n_ranks`` ranks cannot answer who is slow, or None."""
     if n_timed == 0:
         return (
             "insufficient: the evidence has no operation timings (e.g. Flight Recorder dumps record "
@@ -1227,7 +1258,7 @@ def prepare_table(table: pa.Table | pl.DataFrame, use_labels: bool = True) -> tu
     df, step_source = _with_steps(df, use_labels)
     if evidence is None and not df.select((pl.col("_step") >= 0).any()).item():
         # Too little of the job to find a step (a prefix shorter than one iteration): nothing to replay.
-        evidence = "insufficient: no training step could be recovered from the input (shorter than one step?)"
+        evidence = NO_STEP
     coords = [
         c for c in COORDS if c in df.columns and df.get_column(c).null_count() == 0 and df.get_column(c).n_unique() > 1
     ]

@@ -91,6 +91,27 @@ def role_rows(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
     return df.select(keep).unique(subset=key, keep="first", maintain_order=True)
 
 
+def coordinate_rows(table: pa.Table | pl.DataFrame) -> pl.DataFrame:
+    """What ``infer_roles`` and ``infer_coordinates`` read of a table, in table order: its ``role_rows`` and, of the
+    point-to-point rows to another rank, each rank's first in time and the first of each (rank, peer), with their
+    times. Those of disjoint sets of whole ranks, concatenated in table order, give the whole table's roles and
+    coordinates (a few rows per communicator and rank, not the table)."""
+    df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    times = [c for c in ("start_ns", "enqueue_ns") if c in df.columns]
+    keep = [*role_rows(df.head(0)).columns, *times]
+    key = ["comm_id", "rank", "op", *(["peer"] if "peer" in keep else [])]
+    df = df.select(keep).with_row_index("_r")
+    first = pl.struct(key).is_first_distinct()
+    if {"is_p2p", "peer", "op"} <= set(df.columns):
+        p2p = df.filter(pl.col("is_p2p") & pl.col("peer").is_not_null() & (pl.col("peer") != pl.col("rank")))
+        order = pl.col("_r").sort_by(times, nulls_last=True) if times else pl.col("_r")  # as ``_stages`` orders
+        earliest = p2p.group_by("rank").agg(order.first()).get_column("_r")
+        per_peer = p2p.filter(pl.struct("rank", "peer").is_first_distinct()).get_column("_r")
+        first = first | pl.col("_r").is_in(pl.concat([earliest, per_peer]).implode())
+    return df.filter(first).drop("_r")
+
+
 def infer_roles(table: pa.Table | pl.DataFrame) -> dict[str, str]:
     """comm_id -> role for every communicator in an operations table, or in its ``role_rows`` (see module doc)."""
     df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)

@@ -185,10 +185,13 @@ def recover_steps(
     calibration: StepCalibration | None = None,
     compute_waits: bool = False,
     roles: dict[str, str] | None = None,
+    shape_alone: bool | None = None,
 ) -> StepReport:
     """Recover steps from the communication in ``table`` (see module doc).
 
-    A part of a job (whole ranks, ``comminsight.analysis.partitioned``) gives the job's ``roles`` and ``wait_ns``.
+    A part of a job (whole ranks, ``comminsight.analysis.partitioned``) gives the job's ``roles`` and ``wait_ns``, and
+    ``shape_alone``: whether the job's roles come from the communicators' shape alone (``roles_from_shape_alone`` of
+    the whole job; None: of ``table``).
     """
     df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
@@ -198,7 +201,10 @@ def recover_steps(
     events = prepare_events(df, wait_ns, roles)
     # Roles read from shape alone: a template must agree with each rank's own period (``StepEngine``).
     engine = StepEngine(
-        templates=templates, window=window, use_templates=use_templates, check_templates=roles_from_shape_alone(df)
+        templates=templates,
+        window=window,
+        use_templates=use_templates,
+        check_templates=roles_from_shape_alone(df) if shape_alone is None else shape_alone,
     )
     rows, steps, final = run_engine(events, engine, chunk_size)
     cal = calibration or StepCalibration()
