@@ -73,7 +73,8 @@ def test_planning_batch_by_batch_of_ranks_gives_the_whole_tables_plan_and_report
     assert _same(got.rank_coord, want.rank_coord)
     assert _same(got.inferred, want.inferred)
     if source is _pipeline_without_coordinates:
-        assert got.inferred is not None and "pp_rank" in got.inferred.columns
+        assert got.inferred is not None
+        assert "pp_rank" in got.inferred.columns
     windows = [window_frame(scratch, planned, i) for i in range(len(plan.windows))]
     assert all(w.equals(stragglers.window_rows(df, plan, i)) for i, w in enumerate(windows))
 
