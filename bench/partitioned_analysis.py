@@ -27,7 +27,7 @@ imported libraries included (~130 MiB). Checks that both ways give the same repo
 ran), then prints times, peak RSS, per-partition cost and the ratios.
 
 Run: .venv/bin/python bench/partitioned_analysis.py [--ranks 256] [--ops 8192] [--partition-rows 500000]
-     [--kinds hang,steps,perf,stragglers] [--no-whole]
+     [--kinds hang,steps,perf,stragglers] [--no-whole] [--plan-only]
 """
 
 from __future__ import annotations
@@ -452,7 +452,7 @@ def stragglers_plan_task(files: list[str], max_rows: int, out: str) -> tuple[int
     before = _peak_mib()
 
     def work() -> int:
-        from comminsight.analysis.straggler_plan import LocalScratch, plan_in_batches, window_frame
+        from comminsight.analysis.straggler_plan import LocalScratch, plan_in_batches, write_window
 
         batches = [part[0] for part in plan("hang", files, max_rows)]  # whole ranks, as the site batches them
 
@@ -464,13 +464,31 @@ def stragglers_plan_task(files: list[str], max_rows: int, out: str) -> tuple[int
         scratch = LocalScratch(f"{out}-scratch")
         planned = plan_in_batches(len(batches), load, scratch, max_rows=max_rows)
         for i in range(len(planned.plan.windows)):
-            window_frame(scratch, planned, i).write_parquet(f"{out}-window-{i:06d}.parquet")
+            write_window(scratch, planned, i, f"{out}-window-{i:06d}.parquet")
         _store_doc(f"{out}-plan", *planned.plan.to_stored())
         _store_doc(f"{out}-facts", *planned.facts.to_stored())
         return len(planned.plan.windows)
 
     n, took, peak = _timed(work)
     return n, took, before, peak
+
+
+def stragglers_whole_plan_task(files: list[str], max_rows: int, out: str) -> tuple[list, float, float, float]:
+    """The planning over the whole table (``prepare_table``, ``plan_preparation``), as the chord planned before
+    ``plan_in_batches``: (windows, seconds, peak before, peak), for ``--plan-only``'s comparison."""
+    before = _peak_mib()
+
+    def work() -> list:
+        from comminsight.analysis import stragglers as st
+
+        df, facts = st.prepare_table(ds.dataset(files, format="parquet", schema=SCHEMA).to_table())
+        plan = st.plan_preparation(df, prepare=facts.evidence is None, max_rows=max_rows)
+        for i in range(len(plan.windows)):
+            st.window_rows(df, plan, i).write_parquet(f"{out}-whole-window-{i:06d}.parquet")
+        return plan.windows
+
+    windows, took, peak = _timed(work)
+    return windows, took, before, peak
 
 
 def stragglers_map_task(out: str, index: int) -> tuple[None, float, float, float]:
@@ -548,6 +566,11 @@ def main() -> None:
     parser.add_argument("--partition-rows", type=int, default=500_000)
     parser.add_argument("--kinds", default="hang,steps,perf")
     parser.add_argument("--no-whole", action="store_true", help="leave out the whole-table run (too large)")
+    parser.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="stragglers: only the chord's planning, in batches and over the whole table (their peaks, same windows)",
+    )
     parser.add_argument("--workers", default="1,2")
     parser.add_argument(
         "--fresh-maps", default="", help="kinds whose map tasks each run in a new process (per-task peaks)"
@@ -565,6 +588,31 @@ def main() -> None:
         print(f"store: {args.ranks} ranks, {rows:,} operations, {store_mib:.0f} MiB Parquet (written in {took:.0f} s)")
         for kind in args.kinds.split(","):
             whole_report, whole_s, whole_peak = None, float("nan"), float("nan")
+            if kind in WHOLE_ONLY and args.plan_only:
+                out = str(root / "stragglers")
+                with warm_pool(1, fresh=True) as pool:
+                    n, took, before, peak = pool.submit(stragglers_plan_task, files, args.partition_rows, out).result()
+                with warm_pool(1, fresh=True) as pool:
+                    windows, whole_s, whole_before, whole_peak = pool.submit(
+                        stragglers_whole_plan_task, files, args.partition_rows, out
+                    ).result()
+                print(
+                    f"\n{kind} planning, each in a fresh worker (growth over its warmed start): in batches of whole"
+                    f" ranks {took:.1f} s +{peak - before:.0f} MiB; over the whole table {whole_s:.1f} s"
+                    f" +{whole_peak - whole_before:.0f} MiB; {n} windows of <= {args.partition_rows:,} rows",
+                    flush=True,
+                )
+                planned = json.loads(Path(f"{out}-plan.json").read_text())["windows"]
+                assert planned == [list(w) for w in windows], f"{kind}: the windows differ"
+                same = all(
+                    pl.read_parquet(f"{out}-window-{i:06d}.parquet").equals(
+                        pl.read_parquet(f"{out}-whole-window-{i:06d}.parquet")
+                    )
+                    for i in range(n)
+                )
+                assert same, f"{kind}: a window's rows differ"
+                print(f"{kind}: both plannings cut the same windows of the same rows")
+                continue
             if kind in WHOLE_ONLY:
                 chord = run_stragglers_chord(files, args.partition_rows, root)
                 plan_s, plan_mib = chord["plan"]

@@ -493,7 +493,7 @@ def _stragglers_start(job: AnalysisJob, files: list[str], run: str) -> int:
     (up to ``ANALYSIS_PARTITION_ROWS`` rows, never cut through a collective or a send/receive pair) is written as a
     Parquet object of the columns its map task reads (a store laid out by rank holds no step window: this
     re-partitions it). Returns the number of windows."""
-    from comminsight.analysis.straggler_plan import plan_in_batches, window_frame
+    from comminsight.analysis.straggler_plan import plan_in_batches, write_window
 
     batches = rank_partitions(files, settings.ANALYSIS_PARTITION_ROWS) if files else []
     if not batches or sum(_file_rows(files[i]) for b in batches for i in b.files) == 0:
@@ -517,7 +517,9 @@ def _stragglers_start(job: AnalysisJob, files: list[str], run: str) -> int:
             max_rows=settings.ANALYSIS_PARTITION_ROWS,
         )
     for i in range(len(planned.plan.windows)):
-        _write_frame(f"{run}/window-{i:06d}.parquet", window_frame(scratch, planned, i))
+        buffer = io.BytesIO()  # compressed, a batch's rows at a time
+        write_window(scratch, planned, i, buffer)
+        object_store().write_bytes(f"{run}/window-{i:06d}.parquet", buffer.getvalue())
     object_store().delete_prefix(scratch.prefix)
     _write_stored(f"{run}/stragglers-plan", *planned.plan.to_stored())
     _write_stored(f"{run}/stragglers-facts", *planned.facts.to_stored())

@@ -14,20 +14,22 @@ laid out by rank gives the same facts, plan and windows from two passes over bat
    receive of its communicator); its rows in the windows' columns, sorted by step. After the pass, bucket by
    bucket: the instances and pairs spanning steps (``window_bounds`` never cuts them) and the pairs.
 
-A window's rows are then read from the batches' sorted rows (``window_frame``: a filter on the step, row groups
-of other steps skipped). Held at once: a batch, a bucket, and what is kept per rank and step (the coordinate
-rows, rows per step, the next starts, the pairs: two integers per receive); never the job's rows.
+A window's rows are then read from the batches' sorted rows, a batch at a time (``window_parts``: a filter on the
+step, row groups of other steps skipped; ``write_window`` writes them as they come). Held at once: a batch, a
+bucket, and what is kept per rank and step (the coordinate rows, rows per step, the next starts, the pairs: two
+integers per receive); never the job's rows.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 import polars as pl
+import pyarrow.parquet as pq
 
 from comminsight.analysis.stragglers import (
     _WINDOW_COLUMNS,
@@ -237,8 +239,27 @@ def plan_in_batches(
     return BatchPlan(facts, plan, batches)
 
 
-def window_frame(scratch: Scratch, planned: BatchPlan, index: int) -> pl.DataFrame:
-    """The rows of window ``index`` (``window_rows`` of the whole table): read from every batch's rows sorted by
-    step, then in table order."""
+def window_parts(scratch: Scratch, planned: BatchPlan, index: int) -> Iterator[pl.DataFrame]:
+    """The rows of window ``index`` (``window_rows`` of the whole table) batch by batch, in table order: each batch's
+    rows of the window's steps, read from its rows sorted by step (row groups of other steps skipped)."""
     lo, hi = planned.plan.windows[index]
-    return scratch.read(planned.batches, None if index == 0 else lo, hi).sort("row").select(*_WINDOW_COLUMNS)
+    for key in planned.batches:
+        yield scratch.read([key], None if index == 0 else lo, hi).sort("row").select(*_WINDOW_COLUMNS)
+
+
+def window_frame(scratch: Scratch, planned: BatchPlan, index: int) -> pl.DataFrame:
+    """The rows of window ``index`` in one frame (``window_parts`` concatenated)."""
+    return pl.concat(window_parts(scratch, planned, index), how="vertical_relaxed")
+
+
+def write_window(scratch: Scratch, planned: BatchPlan, index: int, sink: str | Path | BinaryIO) -> None:
+    """Window ``index``'s rows (``window_frame``) written as Parquet to ``sink``, one batch's rows at a time (a
+    window of the whole job, when the steps leave no boundary to cut at, is never held uncompressed)."""
+    writer: pq.ParquetWriter | None = None
+    for part in window_parts(scratch, planned, index):
+        table = part.to_arrow()
+        if writer is None:
+            writer = pq.ParquetWriter(sink, table.schema, compression="zstd")
+        writer.write_table(table.cast(writer.schema))
+    if writer is not None:
+        writer.close()
