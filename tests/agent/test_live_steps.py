@@ -6,9 +6,12 @@ import json
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 
 from comminsight.agent.steps import LiveSteps
 from comminsight.formats import header
+from comminsight.importers import load
+from comminsight.simulator.tracegen import Layout, generate
 
 C = header.constants()
 BUCKET = 24 << 20
@@ -146,3 +149,68 @@ def test_live_steps_are_found_when_a_step_holds_hundreds_of_identical_operations
     for r in rows[1:-1]:
         assert r["ops"] == 601
         assert abs(r["duration_s"] - 2.0) < 1e-6
+
+
+NCCL_FUNC = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter"}
+
+
+def unnamed_records(table: pl.DataFrame, ranks: range) -> np.ndarray:
+    """The plugin's records of ``ranks`` for an imported trace, as a job without communicator names leaves them."""
+    members = (
+        table.group_by("comm_id")
+        .agg(pl.col("rank").unique().sort())
+        .with_columns(nranks=pl.col("rank").list.len(), comm_rank=pl.int_ranges(pl.col("rank").list.len()))
+        .explode("rank", "comm_rank")
+    )
+    ops = (
+        table.drop("comm_rank")
+        .filter(pl.col("rank").is_in(list(ranks)))
+        .join(members, on=["comm_id", "rank"])
+        .sort("rank", "start_ns")
+        .with_columns(
+            comm_hash=pl.col("comm_id").hash(7),
+            seq=pl.col("start_ns").cum_count().over("rank", "comm_id") - 1,
+            record_seq=pl.col("start_ns").cum_count().over("rank") - 1,
+        )
+    )
+    rec = np.zeros(ops.height, header.record_dtype())
+    rec["kind"] = C["CI_KIND_COLL"]
+    rec["state"] = C["CI_STATE_COMPLETED"]
+    rec["flags"] = C["CI_FLAG_GPU_TIMES"]
+    rec["rank"] = ops["comm_rank"].to_numpy()
+    rec["nranks"] = ops["nranks"].to_numpy()
+    rec["peer"] = -1
+    rec["pid"] = 1000 + ops["rank"].to_numpy()
+    rec["comm_hash"] = ops["comm_hash"].to_numpy()
+    rec["seq"] = ops["seq"].to_numpy()
+    rec["bytes"] = 1 << 20
+    rec["gpu_start_ns"] = ops["start_ns"].to_numpy()
+    rec["gpu_end_ns"] = ops["end_ns"].to_numpy()
+    rec["enqueue_end_ns"] = rec["gpu_start_ns"] - 10_000
+    rec["complete_ns"] = rec["gpu_end_ns"] + 10_000
+    rec["record_seq"] = ops["record_seq"].to_numpy()
+    rec["func"] = [NCCL_FUNC[op].encode() for op in ops["op"]]
+    rec["comm_name"] = b""
+    header.seal_records(rec)
+    return rec
+
+
+def test_live_steps_of_an_hsdp_job_without_communicator_names_follow_each_gpus_period(tmp_path: Path) -> None:
+    # HSDP, 64 GPUs, parameters sharded over groups of 8 consecutive ranks; no communicator names, so roles
+    # come from the communicators' shape alone. A node's batch holding two shard groups' GPUs reads the shard
+    # groups as TP and the cross-group all-reduces as DP: the megatron template then matches and, unchecked,
+    # opened a step at every layer's all-reduce (96 steps for 12). It must agree with the GPU's own period.
+    job = generate(Layout(dp=64, fsdp_layers=8, fsdp_shard=8), steps=12, seed=3)
+    job.communication_only().drop("cp_rank", "dp_rank", "stage", "tp_rank").write_parquet(tmp_path / "job.parquet")
+    table = pl.from_arrow(load(tmp_path / "job.parquet"))
+    assert isinstance(table, pl.DataFrame)
+    node = range(16)
+    fed(tmp_path / "steps", [("node", unnamed_records(table, node))], {1000 + r: r for r in node}).flush()
+    rows = pl.DataFrame(summaries(tmp_path / "steps"))
+    true = job.table.group_by("rank", "step").agg(true_ns=(pl.col("start_ts").min() * 1e9).cast(pl.Int64))
+    step_ns = float(np.diff(job.truth["step_starts_s"]).mean() * 1e9)
+    assert rows.group_by("rank").len()["len"].to_list() == [12] * len(node)  # one summary per step per GPU
+    for rank in node:
+        starts = rows.filter(pl.col("rank") == rank)["start_ns"].to_numpy()
+        truth = np.sort(true.filter(pl.col("rank") == rank)["true_ns"].to_numpy())
+        assert np.abs(starts[:, None] - truth[None, :]).min(axis=1).max() <= 0.10 * step_ns

@@ -10,7 +10,9 @@ size, resumes the engine, and skips records it already fed, so no step is lost o
 
 Engine keys are writer pids (one process drives one GPU); the global rank (segment header
 ``RANK``) is attached when a summary is written. Roles are fixed per communicator the first time it
-is seen (its name, else its shape), so signatures stay the same across chunks and restarts.
+is seen (its name, else its shape), so signatures stay the same across chunks and restarts. While no
+communicator has come with a name, roles are read from shape alone and the engine checks a winning
+template against the GPU's own period, as offline recovery does (docs/semantic.md).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from comminsight.agent.ingest import atomic_write_json
 from comminsight.formats import header
 from comminsight.importers.normalise import op_name
 from comminsight.semantic import CheckpointError, StepEngine
-from comminsight.semantic.roles import OP_CODE, ROLE_CODE, ROLES, infer_roles, signatures
+from comminsight.semantic.roles import OP_CODE, ROLE_CODE, ROLES, infer_roles, roles_from_shape_alone, signatures
 
 log = logging.getLogger("comminsight.agent.steps")
 CHECKPOINT_VERSION = 1
@@ -142,7 +144,9 @@ class LiveSteps:
         self._pid_rank = pid_rank  # LiveState's pid -> global rank (from segment headers)
         self.checkpoint_path = steps_dir / "checkpoint.json"
         self.lock = threading.Lock()
-        self.engine = StepEngine(warmup=LIVE_WARMUP)
+        # Until a communicator comes with its name, roles are read from shape alone, and a template must
+        # agree with each GPU's own period (the offline rule, ``StepEngine`` ``check_templates``).
+        self.engine = StepEngine(warmup=LIVE_WARMUP, check_templates=True)
         self.roles: dict[int, int] = {}  # comm_hash -> role code, fixed at first sight
         self.fed_seq: dict[str, int] = {}  # writer -> highest record_seq fed
         self.sizes: dict[str, int] = {}  # summary file -> bytes committed by this agent
@@ -240,6 +244,8 @@ class LiveSteps:
                 "comm_ranks": pl.Series([None] * len(mask), dtype=pl.List(pl.Int64)),
             }
         ).unique(subset=["comm_id", "rank", "op"])
+        if not roles_from_shape_alone(catalogue):
+            self.engine.check_templates = False  # roles named by the job (kept in the engine's checkpoint)
         for comm_id, role in infer_roles(catalogue).items():
             self.roles[int(comm_id, 16)] = ROLE_CODE.get(role, 0)
         for c in unknown:
