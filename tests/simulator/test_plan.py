@@ -301,3 +301,45 @@ def test_hostile_configuration_data_is_rejected(data: dict, message: str) -> Non
 def test_bad_configurations_are_rejected_with_a_clear_message(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build_plan(SimulationConfig(**options))
+
+
+def _truth_with_host_delays(config: SimulationConfig, delay_ms) -> dict:  # type: ignore[no-untyped-def]
+    """A ground truth whose only content is each launch's host delay: ``delay_ms(rank, step, launch, last)``."""
+    plan = build_plan(config)
+    ops: dict[str, list] = {"rank": [], "step": [], "launch": [], "host_delay_ns": []}
+    for rank, schedule in enumerate(plan.schedules):
+        for step, actions in [(-1, schedule.setup), *enumerate(schedule.steps)]:
+            launches = [a for a in actions if isinstance(a, Launch)]
+            for index, launch in enumerate(launches):
+                for _ in launch.ops:
+                    ops["rank"].append(rank)
+                    ops["step"].append(step)
+                    ops["launch"].append(index)
+                    ops["host_delay_ns"].append(int(delay_ms(rank, step, index, index == len(launches) - 1) * 1e6))
+    ranks = [{"rank": r, "outcome": "completed", "origin_ns": 0} for r in range(config.ranks)]
+    return {"config": config_to_dict(config), "ranks": ranks, "operations": ops}
+
+
+def test_the_machine_made_lateness_of_a_rank_is_charged_to_that_rank_alone() -> None:
+    from comminsight.simulator.model import host_delay_costs
+
+    config = SimulationConfig(ranks=4, steps=4, step_ms=100.0, jitter=0.0)
+    # Every launch enqueued 0.5 ms after it was due, but rank 2's loss all-reduce (its step's last launch)
+    # 9.5 ms after: every rank's loss read waits 9 ms more, in every step.
+    truth = _truth_with_host_delays(config, lambda rank, step, launch, last: 9.5 if rank == 2 and last else 0.5)
+    costs = host_delay_costs(truth, {"rank 2": [2], "rank 0": [0], "ranks 0 1 3": [0, 1, 3]})
+    assert costs["rank 2"] == pytest.approx(9.0, abs=1e-6)
+    assert costs["rank 0"] == pytest.approx(0.0, abs=1e-6)
+    assert costs["ranks 0 1 3"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_faults_slowdown_in_a_run_is_the_plans_when_the_machine_added_nothing() -> None:
+    from comminsight.simulator.model import fault_slowdown, modelled_step_ms
+
+    late = SimulationConfig(ranks=4, steps=4, step_ms=100.0, jitter=0.0, faults=(Late(2, 9.0),))
+    plain = modelled_step_ms(late) / modelled_step_ms(SimulationConfig(ranks=4, steps=4, step_ms=100.0, jitter=0.0))
+    assert fault_slowdown(_truth_with_host_delays(late, lambda *_: 0.0)) == pytest.approx(plain, abs=1e-9)
+    # The machine made rank 2's loss all-reduce 9 ms late as well: its share dilutes the fault's, and the job
+    # without rank 2's slowness (the fault and the machine's) is faster than the job without the fault alone.
+    truth = _truth_with_host_delays(late, lambda rank, step, launch, last: 9.0 if rank == 2 and last else 0.0)
+    assert fault_slowdown(truth) < plain < fault_slowdown(truth, ranks=[2])

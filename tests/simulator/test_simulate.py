@@ -243,3 +243,38 @@ def test_on_hang_kill_ends_the_run_with_sigkill(simulate) -> None:
     assert result.ended_by == "kill"
     assert [r["outcome"] for r in result.ground_truth["ranks"]] == ["killed", "killed"]
     assert all(code is not None and code < 0 for code in result.exit_codes)
+
+
+def test_a_runs_truth_replays_to_its_own_gpu_times(simulate) -> None:
+    from comminsight.simulator.model import replayed_launches
+
+    result = simulate(
+        layout="megatron", ranks=8, tp=2, pp=2, layers=1, micro_batches=2, steps=3, faults=(SlowLink((1, 5), 50.0),)
+    )
+    truth = result.ground_truth
+    ops = pl.DataFrame(truth["operations"])
+    # A launch is never enqueued before it was due on the modelled clock; what the machine added is recorded.
+    assert (ops["host_delay_ns"] >= 0).all()
+    assert (ops["host_delay_ns"] == ops["enqueue_end_ns"] - ops["due_ns"]).all()
+    launches = ops.group_by("rank", "step", "launch").agg(
+        pl.col("host_delay_ns").first(), pl.col("gpu_start_ns").min(), pl.col("gpu_end_ns").max()
+    )
+    per_step = launches.filter(pl.col("step") >= 0).group_by("rank", "step").agg(pl.col("host_delay_ns").sum())
+    steps = pl.DataFrame(truth["steps"])
+    assert (
+        steps.join(per_step, on=["rank", "step"])
+        .filter(pl.col("host_delay_ns") != pl.col("host_delay_ns_right"))
+        .is_empty()
+    )
+    assert (steps["loop_cpu_ns"] > 0).all()
+    # The modelled clock, fed each launch's recorded delay from each rank's origin, gives every launch's GPU
+    # start and end as run: the truth holds everything the machine did to the job's timing.
+    origin = min(r["origin_ns"] for r in truth["ranks"])
+    replayed = replayed_launches(truth)
+    launches = launches.sort("rank", "step", "launch")
+    for rank in range(8):
+        mine = launches.filter(pl.col("rank") == rank)
+        modelled = np.array(replayed[rank])  # ms after the origin
+        for column, at in (("gpu_start_ns", 0), ("gpu_end_ns", 1)):
+            run = (mine[column].to_numpy() - origin) / 1e6
+            assert np.abs(run - modelled[:, at]).max() < 1e-3  # ns as run, float ms as modelled

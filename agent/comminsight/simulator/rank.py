@@ -115,12 +115,16 @@ class RankProcess:
             board.wait(lambda: bool((board.status >= RankStatus.READY).all()))
             board.set_status(rank, RankStatus.RUNNING)
             self.due_ns = time.time_ns()
+            # Where this rank's modelled clock starts (model.py replays the run from it).
+            self.journal.write(ev="origin", t=self.due_ns)
             durations = compute_durations(self.spec.config, rank, self.schedule.steps)
             self._run_actions(SETUP_STEP, self.schedule.setup, [])
             for step, actions in enumerate(self.schedule.steps):
+                cpu0 = time.thread_time_ns()
                 self.journal.write(ev="step_start", step=step, t=time.time_ns())
                 self._run_actions(step, actions, durations[step])
-                self.journal.write(ev="step_end", step=step, t=time.time_ns())
+                # What the training loop really did in the step beside its model: its own CPU time.
+                self.journal.write(ev="step_end", step=step, t=time.time_ns(), cpu=time.thread_time_ns() - cpu0)
                 board.steps_done[rank] = step + 1
                 board.beat(rank)
         except Aborted:
@@ -165,13 +169,13 @@ class RankProcess:
         for action in actions:
             if isinstance(action, Compute):
                 self._wait_completed(action.after)
+                # Against a deadline, not for a duration: the phase starts when the launch it consumes
+                # ended on the modelled GPU clock (or when the previous phase was due), not when this
+                # thread got to run again, so the machine's wake-up delays do not add up along the
+                # rank's program (the modelled clock's rule, model.py). Set-up phases take no time.
+                ready = self.launch_ends_ns[action.after - 1] if action.after else 0
+                self.due_ns = max(self.due_ns, ready) + (int(durations[compute_index] * 1e6) if durations else 0)
                 if durations:
-                    # Against a deadline, not for a duration: the phase starts when the launch it
-                    # consumes ended on the modelled GPU clock (or when the previous phase was due),
-                    # not when this thread got to run again, so the machine's wake-up delays do not
-                    # add up along the rank's program (the modelled clock's rule, model.py).
-                    ready = self.launch_ends_ns[action.after - 1] if action.after else 0
-                    self.due_ns = max(self.due_ns, ready) + int(durations[compute_index] * 1e6)
                     _sleep_until(self.due_ns)
                 compute_index += 1
                 self.board.beat(self.rank)
@@ -204,12 +208,16 @@ class RankProcess:
         t0 = time.time_ns()
         items = self.driver.enqueue(comm, action.ops)
         t1 = time.time_ns()
+        # ``due``: when the launch was due on the modelled clock (the deadline of the compute phase before
+        # it, given the completions the rank received). The GPU stream reaches the launch at ``t1``, so
+        # t1 - due is what the machine (a late wake-up, the plugin's enqueue calls) added to this rank.
         self.journal.write(
             ev="enq",
             step=step,
             launch=launch_index,
             t0=t0,
             t1=t1,
+            due=self.due_ns,
             seq=[item.seq for item in items],
         )
         self.stream.put((items, t1))

@@ -35,12 +35,13 @@ from comminsight.simulator.plan import (
     SimulationConfig,
     SlowLink,
     build_plan,
+    compute_durations,
     config_to_dict,
     link_pairs,
 )
 from comminsight.simulator.spec import EXIT_ABORTED, RankSpec, rank_environment
 
-GROUND_TRUTH_SCHEMA = 1
+GROUND_TRUTH_SCHEMA = 2  # 2: each launch's due time and host delay, each rank's origin, per-step model columns
 STARTUP_TIMEOUT_S = 120.0
 ABORT_GRACE_S = 15.0
 DEFAULT_PLUGIN_ENV = {"COMMINSIGHT_AGENT_AUTOSTART": "0"}
@@ -368,17 +369,31 @@ def ground_truth(
                 ops["recorded"].append(comm.nranks > 1 or op.is_p2p)
                 ops["enqueue_start_ns"].append(enqueue["t0"])
                 ops["enqueue_end_ns"].append(enqueue["t1"])
+                ops["due_ns"].append(enqueue.get("due"))
+                ops["host_delay_ns"].append(enqueue["t1"] - enqueue["due"] if "due" in enqueue else None)
                 ops["gpu_start_ns"].append(done["gpu"][i][0] if done else None)
                 ops["gpu_end_ns"].append(done["gpu"][i][1] if done else None)
                 ops["status"].append("completed" if done else "in_flight")
         starts = {e["step"]: e["t"] for e in events if e["ev"] == "step_start"}
-        ends = {e["step"]: e["t"] for e in events if e["ev"] == "step_end"}
+        ends = {e["step"]: e for e in events if e["ev"] == "step_end"}
+        # Per step, what the rank did against its model: compute the plan gave it, what the machine added
+        # to its launches (enqueued after they were due on the modelled clock), its loop's CPU time.
+        modelled = [sum(d) for d in compute_durations(config, rank, schedule.steps)]
+        delays: dict[int, int] = defaultdict(int)
+        for enqueue in enqueues:
+            if "due" in enqueue:
+                delays[enqueue["step"]] += enqueue["t1"] - enqueue["due"]
         for step, start in sorted(starts.items()):
+            end = ends.get(step, {})
             steps["step"].append(step)
             steps["rank"].append(rank)
             steps["start_ns"].append(start)
-            steps["end_ns"].append(ends.get(step))
+            steps["end_ns"].append(end.get("t"))
+            steps["modelled_compute_ms"].append(modelled[step])
+            steps["host_delay_ns"].append(delays[step])
+            steps["loop_cpu_ns"].append(end.get("cpu"))
         start_event = next((e for e in events if e["ev"] == "start"), {})
+        origin = next((e["t"] for e in events if e["ev"] == "origin"), None)
         env = rank_environment(config, rank, str(home))
         ranks.append(
             {
@@ -387,6 +402,7 @@ def ground_truth(
                 "node_ip": env["NODE_IP"],
                 "local_rank": int(env["LOCAL_RANK"]),
                 "pid": start_event.get("pid"),
+                "origin_ns": origin,
                 "coordinates": plan.coordinates[rank],
                 "exit_code": exit_codes[rank],
                 "outcome": _outcome(events, exit_codes[rank]),
