@@ -3,21 +3,52 @@
 A run of the simulator kept as it was recorded, so the answer cannot depend on how a run happens to
 jitter: on this one the analysis once estimated x1.03 for a job whose own records say x1.58, and the
 estimate changed with how many steps were analysed.
+
+**Injected slowdown**: the recording predates the host delays of ground-truth schema 2, so its truth
+cannot be replayed as run (``comminsight.simulator.model.fault_slowdown``). Per step s, observed
+O_s = latest step end minus earliest step start over the ranks (the ``steps`` table); the injected
+extra E_s = the straggler's compute in step s as run minus the same phases without the fault
+(``compute_durations`` of the recorded configuration, with and without the fault: same seed, same
+jitter draws). Injected slowdown = sum O_s / sum (O_s - E_s). It assumes the straggler's compute lies
+on the critical path, which holds in DDP (every collective waits for it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
-from test_simulated_jobs import injected_slowdown
 
 from comminsight.analysis.stragglers import analyse_stragglers
 from comminsight.importers import load
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "simulated_ddp_rank2_slow"
+
+
+def injected_slowdown(truth: dict) -> float:
+    """sum O_s / sum (O_s - E_s) over the run's steps (module docstring), from the ground truth alone."""
+    from comminsight.simulator.plan import Straggler, build_plan, compute_durations, config_from_dict
+
+    config = config_from_dict(truth["config"])
+    clean = dataclasses.replace(config, faults=())
+    plan = build_plan(config, check=False)
+    extra = np.zeros(config.steps)
+    for fault in config.faults:
+        if isinstance(fault, Straggler):
+            actions = plan.schedules[fault.rank].steps
+            slow = compute_durations(config, fault.rank, actions)
+            plain = compute_durations(clean, fault.rank, actions)
+            extra += [(sum(a) - sum(b)) * 1e6 for a, b in zip(slow, plain, strict=True)]
+    steps = (
+        pl.DataFrame(truth["steps"]).group_by("step").agg(observed=pl.col("end_ns").max() - pl.col("start_ns").min())
+    )
+    observed = steps.get_column("observed").to_numpy().astype(np.float64)
+    without = observed - extra[steps.get_column("step").to_numpy()]
+    return float(observed.sum() / without.sum())
 
 
 @pytest.fixture(scope="module")
