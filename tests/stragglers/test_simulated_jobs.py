@@ -13,8 +13,9 @@ job as run over the job without the named ranks' slowness, which is what the est
 replay gives the run's own GPU times. It replaced sum O_s / sum (O_s - E_s) (observed steps minus the
 straggler's extra compute), which assumed that compute lay wholly on the critical path: in the Megatron
 job at load 9-18 it read x1.416, x1.393, x1.420, x1.321 where the replay without the straggler alone
-reads x1.365, x1.332, x1.363, x1.321 and the analysis estimated x1.376, x1.343, x1.376, x1.413. A run the machine stalled is run again
-(``simulated_runs.least_stalled_run``): one at load 17 (longest step x1.60 its median) named nobody.
+reads x1.365, x1.332, x1.363, x1.321 and the analysis estimated x1.376, x1.343, x1.376, x1.413. A run
+the machine stalled is run again (``simulated_runs.least_stalled_run``): one at load 17 (longest step
+x1.60 its median) named nobody.
 """
 
 from __future__ import annotations
