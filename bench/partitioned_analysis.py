@@ -592,6 +592,14 @@ def main() -> None:
                 out = str(root / "stragglers")
                 with warm_pool(1, fresh=True) as pool:
                     n, took, before, peak = pool.submit(stragglers_plan_task, files, args.partition_rows, out).result()
+                if args.no_whole:
+                    print(
+                        f"\n{kind} planning in batches of whole ranks, in a fresh worker: {took:.1f} s"
+                        f" +{peak - before:.0f} MiB over its warmed start; {n} windows of <= {args.partition_rows:,}"
+                        " rows (the whole-table planning left out with --no-whole)",
+                        flush=True,
+                    )
+                    continue
                 with warm_pool(1, fresh=True) as pool:
                     windows, whole_s, whole_before, whole_peak = pool.submit(
                         stragglers_whole_plan_task, files, args.partition_rows, out

@@ -119,16 +119,20 @@ def _file_rows(location: str) -> int:
         return pq.ParquetFile(handle).metadata.num_rows
 
 
-def rank_partitions(files: list[str], max_rows: int) -> list[Partition]:
-    """Consecutive whole ranks of the listing, up to ``max_rows`` rows per partition (a larger rank alone)."""
+def rank_partitions(files: list[str], max_rows: int, by_rank_number: bool = False) -> list[Partition]:
+    """Consecutive whole ranks of the listing, up to ``max_rows`` rows per partition (a larger rank alone);
+    ``by_rank_number``: ranks in numeric order (the whole table's, ``finish`` sorts by rank), not the listing's."""
     by_rank: dict[str, list[int]] = {}
     for i, location in enumerate(files):
         found = _RANK_DIR.search(location)
         by_rank.setdefault(found.group(1) if found else "", []).append(i)
+    ranks = list(by_rank)  # first appearance in the listing
+    if by_rank_number:
+        ranks.sort(key=lambda r: int(r) if r else -1)
     partitions: list[Partition] = []
     current: list[int] = []
     rows = 0
-    for rank_files in by_rank.values():  # first appearance in the listing
+    for rank_files in (by_rank[r] for r in ranks):
         n = sum(_file_rows(files[i]) for i in rank_files)
         if current and rows + n > max_rows:
             partitions.append(Partition(sorted(current)))
@@ -495,7 +499,7 @@ def _stragglers_start(job: AnalysisJob, files: list[str], run: str) -> int:
     re-partitions it). Returns the number of windows."""
     from comminsight.analysis.straggler_plan import plan_in_batches, write_window
 
-    batches = rank_partitions(files, settings.ANALYSIS_PARTITION_ROWS) if files else []
+    batches = rank_partitions(files, settings.ANALYSIS_PARTITION_ROWS, by_rank_number=True) if files else []
     if not batches or sum(_file_rows(files[i]) for b in batches for i in b.files) == 0:
         raise ValueError(NO_OPERATIONS)
     members = store_communicator_members(files)

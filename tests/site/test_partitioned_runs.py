@@ -321,12 +321,19 @@ def _close(a: object, b: object) -> bool:
     return a == b
 
 
+def wider_megatron_table() -> pa.Table:
+    # 16 ranks: the store lists rank-10 .. rank-15 before rank-2, the whole table is read in rank order.
+    table = synthetic.table("megatron", slow_comms={"tp.d1p1": 4.0}, dp=4, steps=4)
+    return table.set_column(table.schema.get_field_index("node"), "node", pa.array(["n0"] * table.num_rows))
+
+
+@pytest.mark.parametrize("table", [megatron_table, wider_megatron_table], ids=["8-ranks", "16-ranks"])
 @pytest.mark.parametrize("params", [{}, {"ignore_labels": True}], ids=["step-labels", "recovered-steps"])
 def test_a_stragglers_run_maps_step_windows_and_stores_the_whole_table_result(
-    each_storage_backend, personas, settings, tmp_path, params
+    each_storage_backend, personas, settings, tmp_path, params, table
 ):
     settings.ANALYSIS_PARTITION_ROWS = 400  # windows of whole steps: several map tasks
-    put_store(personas.workload.pk, megatron_table(), tmp_path)
+    put_store(personas.workload.pk, table(), tmp_path)
     job = services.analysis_request(personas.workload, "stragglers", personas.alice, params).job
     job.refresh_from_db()
     assert job.state == JobState.DONE, job.error
