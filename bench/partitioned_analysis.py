@@ -452,12 +452,13 @@ def stragglers_plan_task(files: list[str], max_rows: int, out: str) -> tuple[int
     before = _peak_mib()
 
     def work() -> int:
-        from comminsight.analysis.straggler_plan import LocalScratch, plan_in_batches, write_window
+        from comminsight.analysis.straggler_plan import PLAN_COLUMNS, LocalScratch, plan_in_batches, write_window
 
         batches = [part[0] for part in plan("hang", files, max_rows)]  # whole ranks, as the site batches them
+        columns = [c for c in PLAN_COLUMNS if c in SCHEMA.names]  # only what planning reads
 
         def load(i: int) -> pl.DataFrame:
-            frame = pl.from_arrow(ds.dataset(batches[i], format="parquet", schema=SCHEMA).to_table())
+            frame = pl.from_arrow(ds.dataset(batches[i], format="parquet", schema=SCHEMA).to_table(columns=columns))
             assert isinstance(frame, pl.DataFrame)
             return frame
 

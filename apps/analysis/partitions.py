@@ -497,7 +497,7 @@ def _stragglers_start(job: AnalysisJob, files: list[str], run: str) -> int:
     (up to ``ANALYSIS_PARTITION_ROWS`` rows, never cut through a collective or a send/receive pair) is written as a
     Parquet object of the columns its map task reads (a store laid out by rank holds no step window: this
     re-partitions it). Returns the number of windows."""
-    from comminsight.analysis.straggler_plan import plan_in_batches, write_window
+    from comminsight.analysis.straggler_plan import PLAN_COLUMNS, plan_in_batches, write_window
 
     batches = rank_partitions(files, settings.ANALYSIS_PARTITION_ROWS, by_rank_number=True) if files else []
     if not batches or sum(_file_rows(files[i]) for b in batches for i in b.files) == 0:
@@ -508,8 +508,9 @@ def _stragglers_start(job: AnalysisJob, files: list[str], run: str) -> int:
     with workload_metadata_dir(job.workload) as tables:
 
         def load(i: int) -> pl.DataFrame:
-            rows = finish(_read([files[k] for k in batches[i].files], None, None), members)
-            frame = pl.from_arrow(operations_named(rows, tables))
+            # Every column read: ``finish`` puts the rows in canonical order, sorting by most of them.
+            rows = operations_named(finish(_read([files[k] for k in batches[i].files], None, None), members), tables)
+            frame = pl.from_arrow(rows.select([c for c in PLAN_COLUMNS if c in rows.column_names]))
             assert isinstance(frame, pl.DataFrame)
             return frame
 

@@ -51,6 +51,26 @@ from comminsight.semantic.matching import p2p_pairs
 from comminsight.semantic.roles import coordinate_rows, infer_coordinates, infer_roles
 from comminsight.semantic.steps import recover_steps
 
+# The columns planning reads of a batch (``load`` may give only these): roles and coordinates, the facts, the step
+# engine's, the windows'.
+PLAN_COLUMNS = (
+    "rank",
+    "op",
+    "is_p2p",
+    "peer",
+    "comm_id",
+    "comm_name",
+    "comm_desc",
+    "comm_size",
+    "comm_ranks",
+    *COORDS,
+    "seq",
+    "bytes",
+    "start_ns",
+    "end_ns",
+    "enqueue_ns",
+    "step",
+)
 SCRATCH_ROW_GROUP = 1 << 16  # rows per row group of a batch's sorted rows: a window's read skips other steps'
 _LABELS = ("comm_desc", *COORDS)  # roles_from_shape_alone: none of these given means roles from shape alone
 
@@ -105,7 +125,8 @@ def plan_in_batches(
 ) -> BatchPlan:
     """``prepare_table`` and ``plan_preparation`` of the table whose batches of whole ranks are ``load(0 ..
     count - 1)`` (in table order; each called twice), holding one batch at a time (module doc): the same facts,
-    plan and windows (of at most ``max_rows`` rows). Raises ValueError when the batches hold no row."""
+    plan and windows (of at most ``max_rows`` rows). A batch's columns beyond ``PLAN_COLUMNS`` are not read. Raises
+    ValueError when the batches hold no row."""
     # Pass 1: roles, coordinates, the facts' counts.
     coord_parts: list[pl.DataFrame] = []
     rank_parts: list[pl.DataFrame] = []
