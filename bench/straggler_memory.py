@@ -2,9 +2,9 @@
 
 The traces are those of ``bench/straggler_speed.py`` (128 ranks, DP32 x PP2 x CP2, compute rows, backward of
 stage 1 x1.4) at ``--steps`` (default 45 and 90), generated once into ``--cache``. The baseline is the
-analysis at another git revision (``--baseline REV``, default main before the culprit decision read per-step
-sums; ``8ad1f74`` is the whole-trace replay), loaded from git as a module of its own (it runs with the current
-``analysis.replay``). Each (implementation, trace) runs in a fresh child process, which reads the trace, then
+analysis at another git revision (``--baseline REV``): that revision's whole ``agent`` tree (``git archive``) is put
+first on the child's path, so the baseline runs with its own replay and preparation. Each (implementation, trace)
+runs in a fresh child process, which reads the trace, then
 measures its peak resident memory growth over the analysis alone (``ru_maxrss``: numpy and polars allocate
 outside tracemalloc's view) and its CPU seconds; the reports are compared in the same run (equal up to the
 last bits of polars' float sums, which vary from run to run in the baseline alone).
@@ -23,21 +23,16 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BASELINE = "21616ba"  # main before the culprit decision read per-atom, per-step sums (issue 16)
+BASELINE = "2a8a220"  # main before the replay's windows were planned one at a time and spilled (issue 16)
 
 CHILD = """
-import importlib.util, json, resource, sys, time
+import json, resource, sys, time
+path, tree = sys.argv[1], sys.argv[2]
+if tree:
+    sys.path.insert(0, tree)
 import polars as pl
 from comminsight.importers import load
-path, source = sys.argv[1], sys.argv[2]
-if source:
-    spec = importlib.util.spec_from_file_location("stragglers_baseline", source)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    analyse = module.analyse_stragglers
-else:
-    from comminsight.analysis.stragglers import analyse_stragglers as analyse
+from comminsight.analysis.stragglers import analyse_stragglers as analyse
 table = pl.from_arrow(load(path))
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0 = time.process_time()
@@ -75,17 +70,17 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()))
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
-    from straggler_speed import MODULE, trace
+    from straggler_speed import trace
 
-    source = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{args.baseline}:{MODULE}"], capture_output=True, text=True, check=True
-    ).stdout
-    baseline = Path(tempfile.mkdtemp()) / "stragglers_baseline.py"
-    baseline.write_text(source)
+    baseline = Path(tempfile.mkdtemp())
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", args.baseline, "agent"], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(baseline)], input=archive.stdout, check=True)
     rows = []
     for steps in args.steps:
         path = trace(args.cache, steps)
-        old = measure(path, str(baseline))
+        old = measure(path, str(baseline / "agent"))
         now = measure(path, "")
         same = close(old["report"], now["report"])
         rows.append((steps, old, now, same))

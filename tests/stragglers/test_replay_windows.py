@@ -97,6 +97,7 @@ def _two_ranks_three_steps(span_boundary: bool) -> dict:
     cuts = np.flatnonzero(np.r_[True, step[order][1:] != step[order][:-1]])
     begin = np.array([0.0, 10.0, 20.0])
     return {
+        "rank": rank,
         "prev": prev,
         "group_dense": group.astype(np.int64),
         "batch": np.arange(n),

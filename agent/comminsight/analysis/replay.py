@@ -17,6 +17,7 @@ Memory: the event x scenario arrays of a replay are those of one window and one 
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterator
 from itertools import pairwise
 from typing import Any
@@ -35,15 +36,21 @@ def window_events() -> int:
     return WINDOW_BUDGET // (CHUNK_SCENARIOS * 4 * 8)
 
 
-def step_windows(arrays: dict[str, Any], max_events: int | None = None) -> list[dict[str, Any]] | None:
-    """The replay's windows of whole steps, in step order, each with its level plan; None when the dependency
-    graph has a cycle (matching errors: the whole trace is then iterated, see ``replay``).
+def step_windows(
+    arrays: dict[str, Any], max_events: int | None = None, columns: dict[str, tuple[np.ndarray, Any]] | None = None
+) -> WindowStore | None:
+    """The replay's windows of whole steps, in step order, each with its level plan and its slices of ``columns``
+    (per-event arrays, each stored as the dtype given beside it); None when the dependency graph has a cycle
+    (matching errors: the whole trace is then iterated, see ``replay``).
 
     A window takes consecutive steps while it holds at most ``max_events`` events (at least one step), and never
-    ends between two steps that a group (collective, send with its receive) spans.
+    ends between two steps that a group (collective, send with its receive) spans. Each window is planned alone
+    and handed to the store (``WindowStore``: spilled to a file when there is more than one), so planning holds
+    one window's plan at a time. Between windows only each rank's last operation passes (the carry, one slot per
+    rank): a rank's operations of a window follow one another, the first one its last operation before it.
     """
     max_events = window_events() if max_events is None else max_events
-    prev, group, batch = arrays["prev"], arrays["group_dense"], arrays["batch"]
+    prev, group, batch, rank = arrays["prev"], arrays["group_dense"], arrays["batch"], arrays["rank"]
     n = prev.size
     step_index = arrays["step_index"]
     n_steps = int(arrays["step_ids"].size)
@@ -66,25 +73,23 @@ def step_windows(arrays: dict[str, Any], max_events: int | None = None) -> list[
             held = 0
         held += int(per_step[k])
     bounds.append(n_steps)
+    del low, high, spans, open_count, blocked
     order, cuts = arrays["step_order"], np.r_[arrays["step_cuts"], n]
-    windows: list[dict[str, Any]] = []
-    # The windows' indices are kept between the culprit rounds' replays: 32-bit while the trace allows it.
+    rank_ids = np.unique(rank)
+    # The windows' indices are 32-bit while the trace allows it.
     index = np.int32 if n < 2**31 else np.int64
-    owner = np.full(n, -1, index)  # window of each event
+    owner = np.full(n, -1, index)  # window of each event planned so far
     local = np.zeros(n, index)  # its index in the window
+    fast = bool(arrays["sync"].all()) and not bool(arrays["launch"].any())
+    store = WindowStore(spill=len(bounds) > 2)
     for w, (a, b) in enumerate(pairwise(bounds)):
         events = np.sort(order[cuts[a] : cuts[b]]).astype(index)
         owner[events] = w
         local[events] = np.arange(events.size)
-        windows.append({"events": events, "steps": (a, b)})
-    ghost_all: list[np.ndarray] = []
-    fast = bool(arrays["sync"].all()) and not bool(arrays["launch"].any())
-    for w, win in enumerate(windows):
-        events = win["events"]
         m = events.size
         p = prev[events]
         outside = (p >= 0) & (owner[np.maximum(p, 0)] != w)
-        ghosts = np.unique(p[outside])  # earlier windows' events this window follows
+        ghosts = np.unique(p[outside])  # earlier windows' events this window follows: one per rank at most
         local_prev = np.where(p >= 0, local[np.maximum(p, 0)], -1)
         local_prev[outside] = m + np.searchsorted(ghosts, p[outside])
         batch_ids, local_batch = np.unique(batch[events], return_inverse=True)
@@ -92,21 +97,28 @@ def step_windows(arrays: dict[str, Any], max_events: int | None = None) -> list[
         nb = batch_ids.size
         # Ghosts: one batch each, after the window's own; their step never equals an own event's.
         step = arrays["step"][events]
-        win.update(
-            prev=local_prev,
-            group_dense=local_group.astype(index),
-            batch=np.r_[local_batch, nb + np.arange(ghosts.size)].astype(index),
-            n_own_batches=nb,
-            step=np.r_[step, np.full(ghosts.size, step.min(initial=0) - 1)],
-            shift=arrays["shift"][events],
-            sync=arrays["sync"][events],
-            launch=arrays["launch"][events],
-            max_chain=arrays["max_chain"],
-            max_chain_all=arrays["max_chain_all"],
-            ghosts=ghosts,
-            fast=fast,
-        )
-        ghost_all.append(ghosts)
+        # The events are in program order (rank, step, start): each rank's last one here is what the next
+        # window holding the rank follows.
+        own_rank = rank[events]
+        last = np.flatnonzero(np.r_[own_rank[1:] != own_rank[:-1], True]) if m else np.zeros(0, np.int64)
+        win: dict[str, Any] = {
+            "events": events,
+            "steps": (a, b),
+            "prev": local_prev,
+            "group_dense": local_group.astype(index),
+            "batch": np.r_[local_batch, nb + np.arange(ghosts.size)].astype(index),
+            "n_own_batches": nb,
+            "step": np.r_[step, np.full(ghosts.size, step.min(initial=0) - 1)],
+            "shift": arrays["shift"][events],
+            "sync": arrays["sync"][events],
+            "launch": arrays["launch"][events],
+            "max_chain": arrays["max_chain"],
+            "max_chain_all": arrays["max_chain_all"],
+            "ghost_slots": np.searchsorted(rank_ids, rank[ghosts]),
+            "export_slots": np.searchsorted(rank_ids, own_rank[last]),
+            "exports": last.astype(index),
+            "fast": fast,
+        }
         plan = levels(win) if m else []
         if plan is None:
             return None
@@ -116,14 +128,78 @@ def step_windows(arrays: dict[str, Any], max_events: int | None = None) -> list[
         w_order = np.argsort(steps, kind="stable")
         win["step_order"] = w_order.astype(index)
         win["step_cuts"] = np.flatnonzero(np.r_[True, steps[w_order][1:] != steps[w_order][:-1]]) if m else w_order
-    carried = np.unique(np.concatenate(ghost_all)) if ghost_all else np.zeros(0, np.int64)
-    for win in windows:
-        win["ghost_slots"] = np.searchsorted(carried, win["ghosts"])
-        here = np.flatnonzero(np.isin(carried, win["events"]))
-        win["export_slots"] = here
-        win["exports"] = local[carried[here]]
-    arrays["carried"] = int(carried.size)
-    return windows
+        for name, (values, dtype) in (columns or {}).items():
+            win[name] = values[events].astype(dtype)
+        store.append(win)
+    arrays["carried"] = int(rank_ids.size)
+    return store
+
+
+class WindowStore:
+    """The replay's planned windows, in step order: held in memory, or (``spill``) written one after another to an
+    anonymous temporary file and read back one at a time, so that between replays only each window's size stays in
+    memory, and during one the window it replays.
+
+    A window is a dict of arrays, scalars and its level plan (``levels``); it is stored as one block of bytes (the
+    arrays, 8-byte aligned) and a layout, and read back as views of one buffer.
+    """
+
+    def __init__(self, spill: bool) -> None:
+        self._held: list[dict[str, Any]] = []
+        self._file = tempfile.TemporaryFile() if spill else None  # noqa: SIM115 (closed with the store)
+        self._blocks: list[tuple[int, int, dict[str, Any]]] = []
+        self.sizes: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def append(self, win: dict[str, Any]) -> None:
+        self.sizes.append(int(win["events"].size))
+        if self._file is None:
+            self._held.append(win)
+            return
+        named = [(k, v) for k, v in win.items() if isinstance(v, np.ndarray)]
+        plan = [x for a, b in win["plan"] for x in (a if a is not None else b)]
+        layout = {
+            "arrays": [(k, v.dtype.str, v.shape) for k, v in named],
+            "scalars": {k: v for k, v in win.items() if k != "plan" and not isinstance(v, np.ndarray)},
+            "levels": len(win["plan"]),
+            "plan_sizes": [x.size for x in plan],
+        }
+        offset = self._file.seek(0, 2)
+        size = 0
+        for values in [v for _, v in named] + [x.astype(np.int32, copy=False) for x in plan]:
+            data = np.ascontiguousarray(values).tobytes()
+            self._file.write(data + bytes(-len(data) % 8))
+            size += len(data) + (-len(data) % 8)
+        self._blocks.append((offset, size, layout))
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._file is None:
+            yield from self._held
+            return
+        for offset, size, layout in self._blocks:
+            self._file.seek(offset)
+            buffer = bytearray(size)
+            self._file.readinto(buffer)
+            win: dict[str, Any] = dict(layout["scalars"])
+            at = 0
+            for name, dtype, shape in layout["arrays"]:
+                count = int(np.prod(shape, dtype=np.int64))
+                win[name] = np.frombuffer(buffer, dtype, count, at).reshape(shape)
+                at += -(-count * np.dtype(dtype).itemsize // 8) * 8
+            plan = []
+            for count in layout["plan_sizes"]:
+                plan.append(np.frombuffer(buffer, np.int32, count, at))
+                at += -(-count * 4 // 8) * 8
+            width = len(plan) // max(layout["levels"], 1)
+            steps = [tuple(plan[i : i + width]) for i in range(0, len(plan), width)] if plan else []
+            win["plan"] = [(None, lv) if win["fast"] else (lv, None) for lv in steps]
+            yield win
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
 
 
 def levels(win: dict[str, Any]) -> list[tuple[Any, Any]] | None:
@@ -307,21 +383,32 @@ def replay_window(
 Inputs = Callable[[dict[str, Any]], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
+def _advance(
+    win: dict[str, Any], carry: tuple[np.ndarray, np.ndarray], inputs: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> np.ndarray:
+    """One window's replay (``replay_window``) from the carry (per rank slot: the end and host issue time of its
+    last operation so far, per scenario), which it then moves past the window: its events' ends, event-major."""
+    carry_end, carry_cpu = carry
+    slots = win["ghost_slots"]
+    end, cpu = replay_window(win, *inputs, carry_end[slots], carry_cpu[slots])
+    carry_end[win["export_slots"]] = end[win["exports"]]
+    if cpu is not None:
+        carry_cpu[win["export_slots"]] = cpu[win["exports"]]
+    return end
+
+
+def _carry(arrays: dict[str, Any], scenarios: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros((arrays["carried"], scenarios), dtype), np.zeros((arrays["carried"], scenarios), dtype)
+
+
 def replay_windows(
     arrays: dict[str, Any], inputs: Inputs, scenarios: int, dtype: Any
 ) -> Iterator[tuple[dict, np.ndarray]]:
     """(window, its events' ends, event-major) for every window in order; ``inputs(window)`` gives the window's
-    event-major (gap, work, start). Only the carry (earlier events later windows follow) passes between windows."""
-    carry_end = np.zeros((arrays["carried"], scenarios), dtype)
-    carry_cpu = np.zeros((arrays["carried"], scenarios), dtype)
+    event-major (gap, work, start). Only the carry (each rank's last operation so far) passes between windows."""
+    carry = _carry(arrays, scenarios, dtype)
     for win in arrays["plan"]:
-        gap_t, work_t, start_t = inputs(win)
-        slots = win["ghost_slots"]
-        end, cpu = replay_window(win, gap_t, work_t, start_t, carry_end[slots], carry_cpu[slots])
-        carry_end[win["export_slots"]] = end[win["exports"]]
-        if cpu is not None:
-            carry_cpu[win["export_slots"]] = cpu[win["exports"]]
-        yield win, end
+        yield win, _advance(win, carry, inputs(win))
 
 
 def replay(arrays: dict[str, Any], gap: np.ndarray, work: np.ndarray, start: np.ndarray) -> np.ndarray:
@@ -394,18 +481,46 @@ def iteration_times(arrays: dict[str, Any], hi: np.ndarray) -> np.ndarray:
     return out
 
 
-def _masks(arrays: dict[str, Any], part: list[Any], events: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Event-major (events x scenarios) masks of ``part``'s kept durations and gaps over ``events`` (None: all):
-    a scenario's masks are per atom (``arrays["atom"]``, each event's atom), expanded to the events here,
-    window by window."""
-    index = arrays["atom"] if events is None else arrays["atom"][events]
-    return np.stack([s.work for s in part], axis=1)[index], np.stack([s.gap for s in part], axis=1)[index]
+def _masks(part: list[Any], atom: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Event-major (events x scenarios) masks of ``part``'s kept durations and gaps over the events whose atoms are
+    ``atom``: a scenario's masks are per atom, expanded to the events here, window by window."""
+    return np.stack([s.work for s in part], axis=1)[atom], np.stack([s.gap for s in part], axis=1)[atom]
+
+
+def _window_times(arrays: dict[str, Any], chunks: list[Any], inputs: Callable, dtype: Any) -> np.ndarray:
+    """Per scenario and step: replayed step time, the windows read once each (one at a time from the store), every
+    chunk of scenarios replayed over a window before the next (each chunk with its own carry);
+    ``inputs(window, chunk)`` gives the chunk's event-major (gap, work, start) over the window."""
+    n_steps = arrays["step_begin"].size
+    carries = [_carry(arrays, size, dtype) for _, size in chunks]
+    his = [np.zeros((n_steps, size)) for _, size in chunks]
+    for win in arrays["plan"]:
+        a, _ = win["steps"]
+        for (chunk, _), carry, hi in zip(chunks, carries, his, strict=True):
+            end = _advance(win, carry, inputs(win, chunk))
+            if end.shape[0]:
+                local = np.maximum.reduceat(end[win["step_order"]], win["step_cuts"], axis=0)
+                hi[a : a + local.shape[0]] = local
+    out = [iteration_times(arrays, hi.T) for hi in his]
+    return np.concatenate(out) if out else np.zeros((0, n_steps))
+
+
+def column_times(arrays: dict[str, Any], gap: str, work: str, start: str) -> np.ndarray:
+    """Step times (one scenario) of the replay with the per-event columns named ``gap``, ``work`` and ``start`` (held
+    by the windows, ``step_windows``' ``columns``; by ``arrays`` for the whole-trace fallback), in float64."""
+    if arrays["plan"] is None:
+        return step_times(arrays, replay(arrays, arrays[gap][None], arrays[work][None], arrays[start][None]))[0]
+
+    def inputs(win: dict[str, Any], _: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return win[gap][:, None], win[work][:, None], win[start][:, None]
+
+    return _window_times(arrays, [(None, 1)], inputs, np.float64)[0]
 
 
 def run(arrays: dict[str, Any], scenarios: list[Any]) -> np.ndarray:
     """Per scenario and step: replayed step time. A scenario has ``work`` and ``gap``, per atom
-    (``arrays["atom"]``): whether its events keep their observed duration and gap (else their healthy
-    one, ``ideal_work`` / ``ideal_gap``).
+    (``arrays["atom"]``, or each window's ``atom``): whether its events keep their observed duration and gap (else
+    their healthy one, ``ideal_work`` / ``ideal_gap``).
 
     Scenarios go through the replay in chunks of up to ``CHUNK_SCENARIOS``, window by window, so that a
     chunk's event x scenario arrays stay within ``WINDOW_BUDGET`` bytes whatever the trace's length (a
@@ -421,7 +536,7 @@ def run(arrays: dict[str, Any], scenarios: list[Any]) -> np.ndarray:
         chunk = int(np.clip(REPLAY_BUDGET // max(n * 4 * 8, 1), 4, CHUNK_SCENARIOS))
         for i in range(0, len(scenarios), chunk):
             part = scenarios[i : i + chunk]
-            mw, mg = _masks(arrays, part, None)
+            mw, mg = _masks(part, arrays["atom"])
             work = np.where(mw, arrays["work"][:, None], arrays["ideal_work"][:, None])
             gap = np.where(mg, arrays["gap"][:, None], arrays["ideal_gap"][:, None])
             start = np.broadcast_to(arrays["start_offset"][:, None], gap.shape)
@@ -429,28 +544,19 @@ def run(arrays: dict[str, Any], scenarios: list[Any]) -> np.ndarray:
             hi = np.maximum.reduceat(end[order], cuts, axis=0)
             out.append(iteration_times(arrays, hi.T.astype(np.float64)))
         return np.concatenate(out) if out else np.zeros((0, n_steps))
-    largest = max((w["events"].size for w in arrays["plan"]), default=1)
-    chunk = int(np.clip(WINDOW_BUDGET // max(largest * 4 * 8, 1), 4, CHUNK_SCENARIOS))
-    for i in range(0, len(scenarios), chunk):
-        part = scenarios[i : i + chunk]
+    largest = max(arrays["plan"].sizes, default=1)
+    size = int(np.clip(WINDOW_BUDGET // max(largest * 4 * 8, 1), 4, CHUNK_SCENARIOS))
+    chunks = [(scenarios[i : i + size], len(scenarios[i : i + size])) for i in range(0, len(scenarios), size)]
 
-        def window_inputs(win: dict[str, Any], part: list[Any] = part) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            # Built event-major (events x scenarios), the layout the replay reads.
-            ev = win["events"]
-            mw, mg = _masks(arrays, part, ev)
-            work = np.where(mw, arrays["work32"][ev, None], arrays["ideal_work32"][ev, None])
-            gap = np.where(mg, arrays["gap32"][ev, None], arrays["ideal_gap32"][ev, None])
-            # Only the ranks' first events read their start.
-            start = np.empty_like(gap)
-            first = win["prev"] < 0
-            start[first] = arrays["start_offset32"][ev[first], None]
-            return gap, work, start
+    def inputs(win: dict[str, Any], part: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # Built event-major (events x scenarios), the layout the replay reads.
+        mw, mg = _masks(part, win["atom"])
+        work = np.where(mw, win["work32"][:, None], win["ideal_work32"][:, None])
+        gap = np.where(mg, win["gap32"][:, None], win["ideal_gap32"][:, None])
+        # Only the ranks' first events read their start.
+        start = np.empty_like(gap)
+        first = win["prev"] < 0
+        start[first] = win["start_offset32"][first, None]
+        return gap, work, start
 
-        hi = np.zeros((n_steps, len(part)))
-        for win, end in replay_windows(arrays, window_inputs, len(part), np.float32):
-            a, _ = win["steps"]
-            if end.shape[0]:
-                local = np.maximum.reduceat(end[win["step_order"]], win["step_cuts"], axis=0)
-                hi[a : a + local.shape[0]] = local
-        out.append(iteration_times(arrays, hi.T))
-    return np.concatenate(out) if out else np.zeros((0, n_steps))
+    return _window_times(arrays, chunks, inputs, np.float32)

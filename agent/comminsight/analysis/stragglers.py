@@ -54,7 +54,6 @@ import pyarrow as pa
 
 from comminsight.analysis import replay as replay_module
 from comminsight.analysis.keyed_quantiles import keyed_quantiles
-from comminsight.analysis.replay import replay as _replay
 from comminsight.analysis.replay import run as _run
 from comminsight.analysis.replay import step_times as _step_times
 from comminsight.analysis.replay import step_windows
@@ -664,13 +663,16 @@ def _prepare_replay(
     return e_observed, arrays  # the replay needs nothing else of the events
 
 
-# Per-event arrays that the replay's windows hold themselves once planned, or that only the whole-trace
-# fallback (a dependency cycle) reads.
-_PLANNED = ("prev", "group_dense", "batch", "step", "step_index", "shift", "sync", "launch")
-_PLANNED += ("gap", "work", "ideal_gap", "ideal_work")
+# Per-event arrays that the replay's windows hold themselves once planned (float32 for the scenarios' replays,
+# float64 for the what-if study's mean ideal; atoms as 32-bit ids).
+_WINDOW_COLUMNS_32 = {"work32": "work", "ideal_work32": "ideal_work", "gap32": "gap", "ideal_gap32": "ideal_gap"}
+_WINDOW_COLUMNS_32 |= {"start_offset32": "start_offset"}
+_WINDOW_COLUMNS_64 = ("mean_gap", "mean_work", "start_offset")
 # Per-event arrays read only while the references and the per-atom sums are taken (_ideal_inputs).
-_REFERENCES = ("partner", "matched", "rank", "work_key", "gap_key", "comm", "op_kind", "is_compute")
-_REFERENCES += ("step_start",)
+_REFERENCES = ("partner", "matched", "work_key", "gap_key", "comm", "op_kind", "is_compute", "step_start")
+# Per-event arrays the windows hold once planned (or that planning alone reads).
+_PER_EVENT = ("prev", "group_dense", "batch", "shift", "sync", "launch", "rank", "step", "step_index", "step_order")
+_PER_EVENT += ("gap", "work", "ideal_gap", "ideal_work", *_WINDOW_COLUMNS_64, "atom")
 
 
 def _comms_without_peers(arrays: dict[str, np.ndarray]) -> set[str]:
@@ -697,15 +699,24 @@ def _comms_without_peers(arrays: dict[str, np.ndarray]) -> set[str]:
 
 
 def _plan_replay(arrays: dict[str, np.ndarray]) -> None:
-    """Plan the replay's windows (``replay.step_windows``), first dropping what only the references read, then
-    what the windows now hold: from here on, per event, only the replay's inputs and the windows' plans stay."""
+    """Plan the replay's windows (``replay.step_windows``), first dropping what only the references read. Each
+    window takes its slices of the replay's per-event inputs (``_WINDOW_COLUMNS_32``, ``_WINDOW_COLUMNS_64``, the
+    atoms); once planned, nothing per event stays in ``arrays`` (the windows are spilled to a file when there are
+    several: between replays, memory holds per-step and per-atom sums). A dependency cycle (no plan) keeps the
+    per-event arrays for the whole-trace fallback, with the float32 inputs beside them."""
     for name in _REFERENCES:
         arrays.pop(name, None)
-    arrays["plan"] = step_windows(arrays)
-    _replay_inputs32(arrays)
-    if arrays["plan"] is not None:
-        for name in _PLANNED:
-            arrays.pop(name, None)
+    columns = {name: (arrays[source], np.float32) for name, source in _WINDOW_COLUMNS_32.items()}
+    columns |= {name: (arrays[name], np.float64) for name in _WINDOW_COLUMNS_64}
+    columns["atom"] = (arrays["atom"], np.int32 if arrays["atom_count"].size < 2**31 else np.int64)
+    arrays["plan"] = step_windows(arrays, columns=columns)
+    del columns
+    if arrays["plan"] is None:
+        for name, source in _WINDOW_COLUMNS_32.items():
+            arrays[name] = arrays[source].astype(np.float32)
+        return
+    for name in _PER_EVENT:
+        arrays.pop(name, None)
 
 
 def _dense_ids(*columns: np.ndarray) -> np.ndarray:
@@ -864,14 +875,6 @@ def _ideal_inputs(arrays: dict[str, np.ndarray], stage: np.ndarray | None = None
     if gap_ref is not None and stage is not None:
         # Each rank's stage, for comparing a rank with the others of its stage (_rank_excess).
         arrays["rank_stage"] = rank_stage
-
-
-def _replay_inputs32(arrays: dict[str, np.ndarray]) -> None:
-    """The replay's float32 inputs, relative to each step's begin (see _run). A rank's first operation starts where
-    it was observed to start, in every scenario. Made once the windows are planned (not held while planning)."""
-    for name in ("work", "ideal_work", "gap", "ideal_gap"):
-        arrays[f"{name}32"] = arrays[name].astype(np.float32)
-    arrays["start_offset32"] = arrays["start_offset"].astype(np.float32)
 
 
 def _stage_gap_reference(
@@ -1421,13 +1424,7 @@ def report_from_windows(
         kind_restore = [_Scenario(kind_masks[k], nothing) for k in kinds] + [_Scenario(nothing, everything)]
         times = _run(arrays, base + restore + remove + kind_restore)
         actual, ideal = times[0], times[1]
-        mean_ideal = _step_times(
-            arrays,
-            _replay(arrays, arrays["mean_gap"][None], arrays["mean_work"][None], arrays["start_offset"][None]),
-        )[0]
-        if arrays["plan"] is not None:
-            for name in ("mean_gap", "mean_work", "start_offset"):
-                arrays.pop(name)
+        mean_ideal = replay_module.column_times(arrays, "mean_gap", "mean_work", "start_offset")
         nc = len(names)
         t_restore = dict(zip(names, times[2 : 2 + nc], strict=True))
         t_remove = dict(zip(names, times[2 + nc : 2 + 2 * nc], strict=True))
