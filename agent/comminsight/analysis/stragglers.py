@@ -520,6 +520,8 @@ def _prepare_replay(
     same_rank[1:] = r[1:] == r[:-1]
     same = same_rank.copy()
     same[1:] &= st[1:] == st[:-1]
+    # The most operations of one rank in one step (they follow one another): bounds a chain inside a step.
+    longest = int(np.diff(np.r_[np.flatnonzero(~same), n]).max(initial=1))
     prev = np.where(same_rank, idx - 1, -1)
     # Operations a rank issued at the same instant form a batch (grouped send/recv): each waits
     # for what preceded the batch, and the batch completes together.
@@ -559,6 +561,8 @@ def _prepare_replay(
     begin = np.full(step_ids.size, np.inf)
     np.minimum.at(begin, inv, s)
     step_start = begin[inv]
+    n_steps = max(int(step_ids.size), 1)
+    del step_ids, inv, begin
     safe = np.maximum(prev, 0)
     shift = np.where(prev >= 0, step_start[safe] - step_start, 0.0)
     # Operations by number (the labels' strings, held per event, cost more than the rest together):
@@ -583,6 +587,7 @@ def _prepare_replay(
         launch = np.maximum(s - np.maximum(q, np.where(prev >= 0, prev_end, -np.inf)), 0.0)
         del q, prev_q, place_id, new_step
     else:
+        ev.pop("program")
         sync = np.ones(n, dtype=bool)
         gap = np.maximum(s - prev_end, 0.0)
         launch = np.zeros(n)
@@ -594,14 +599,11 @@ def _prepare_replay(
     batch_ready = np.full(int(batch.max()) + 1 if n else 0, -np.inf)
     np.maximum.at(batch_ready, batch, ready)
     work = np.maximum(e - np.maximum(ready, batch_ready[batch]), 0.0)
-    del ready, batch_ready, prev_end, safe, e, last_arrival
-    counts = np.bincount(np.unique(r * (st.max(initial=0) + 2) + st + 1, return_inverse=True)[1]) if n else np.ones(1)
-    n_steps = int(np.unique(st).size) if n else 1
+    del ready, batch_ready, prev_end, safe, e, last_arrival, partner
     arrays = {
         "prev": prev,
         "group_dense": dense,
         "batch": batch,
-        "partner": partner,
         "step_start": step_start,
         "start_offset": s - step_start,  # read for a rank's first operation only
         "shift": shift,
@@ -612,18 +614,27 @@ def _prepare_replay(
         "matched": (grp >= 0) | p2p,
         "rank": r,
         "step": st,
-        "max_chain": np.int64(4 * int(counts.max(initial=1))),  # longest chain inside one step
-        "max_chain_all": np.int64(4 * int(counts.max(initial=1)) * n_steps),
+        "max_chain": np.int64(4 * longest),  # longest chain inside one step
+        "max_chain_all": np.int64(4 * longest * n_steps),
     }
+    del s, grp, p2p, collective, dense, batch, shift, sync, launch, gap, work
+    # Indices are held as 32-bit integers while the trace allows it (until planned, the per-event arrays are the
+    # analysis' largest holding); what is computed from them is computed in 64 bits.
+    index = np.int32 if n < 2**31 else np.int64
+    for name in ("prev", "group_dense", "batch"):
+        arrays[name] = arrays[name].astype(index, copy=False)
+    del prev
     # What the what-if compares: an operation's duration with the same operation (kind, shape or
     # name, occurrence in the step) on every rank and step; a gap with the gap between the same
     # two operations. Gaps come from launch overhead when compute rows exist, else they are the
     # compute between communication.
     arrays["work_key"] = _dense_ids(label, occurrence)
     arrays["gap_key"] = _dense_ids(prev_label, label, occurrence)
+    del prev_label, label, occurrence
     arrays["is_compute"] = ev["is_compute"]
-    arrays["comm"] = _names(vocab["comm"])[ev["comm"]]
-    arrays["op_kind"] = _names(vocab["kind"])[ev["kind"]]
+    # Communicators and kinds by id (``comm_names``: the names by id; strings per event cost more than the rest).
+    arrays["comm"] = ev["comm"]
+    arrays["comm_names"] = _names(vocab["comm"])
     arrays["gaps_are_compute"] = np.bool_(not bool(arrays["is_compute"].any()))
     # Atoms: the classes of events that every candidate and scenario is a union of (a rank's operations of
     # one communicator and kind, matched or not, compute or not). The culprit decision works on atoms and
@@ -639,8 +650,8 @@ def _prepare_replay(
     first = np.unique(atom, return_index=True)[1] if n else np.zeros(0, np.int64)
     arrays["atom"] = atom
     arrays["atom_rank"] = r[first]
-    arrays["atom_comm"] = arrays["comm"][first]
-    arrays["atom_kind"] = arrays["op_kind"][first]
+    arrays["atom_comm"] = arrays["comm_names"][arrays["comm"][first]]
+    arrays["atom_kind"] = _names(vocab["kind"])[ev["kind"][first]]
     arrays["atom_matched"] = arrays["matched"][first]
     arrays["atom_compute"] = arrays["is_compute"][first]
     arrays["atom_count"] = np.bincount(atom, minlength=first.size)
@@ -660,6 +671,8 @@ def _prepare_replay(
         held += size
     arrays["reference_windows"] = np.array([*bounds, n], np.int64)
     arrays["plan"] = None  # planned once the references are taken (_plan_replay)
+    for name in ("rank", "step", "atom", "step_order", "step_index"):
+        arrays[name] = arrays[name].astype(index, copy=False)
     return e_observed, arrays  # the replay needs nothing else of the events
 
 
@@ -669,7 +682,7 @@ _WINDOW_COLUMNS_32 = {"work32": "work", "ideal_work32": "ideal_work", "gap32": "
 _WINDOW_COLUMNS_32 |= {"start_offset32": "start_offset"}
 _WINDOW_COLUMNS_64 = ("mean_gap", "mean_work", "start_offset")
 # Per-event arrays read only while the references and the per-atom sums are taken (_ideal_inputs).
-_REFERENCES = ("partner", "matched", "work_key", "gap_key", "comm", "op_kind", "is_compute", "step_start")
+_REFERENCES = ("matched", "work_key", "gap_key", "comm", "is_compute")
 # Per-event arrays the windows hold once planned (or that planning alone reads).
 _PER_EVENT = ("prev", "group_dense", "batch", "shift", "sync", "launch", "rank", "step", "step_index", "step_order")
 _PER_EVENT += ("gap", "work", "ideal_gap", "ideal_work", *_WINDOW_COLUMNS_64, "atom")
@@ -690,12 +703,11 @@ def _comms_without_peers(arrays: dict[str, np.ndarray]) -> set[str]:
     matched = arrays["matched"] & ~arrays["is_compute"]
     if not matched.any():
         return set()
-    pairs = pl.DataFrame(
-        {"key": arrays["work_key"][matched], "comm": pl.Series(arrays["comm"][matched], dtype=pl.String)}
-    ).unique()
+    pairs = pl.DataFrame({"key": arrays["work_key"][matched], "comm": arrays["comm"][matched]}).unique()
     peers = pairs.group_by("key").agg(n=pl.len())
     with_peers = pairs.join(peers.filter(pl.col("n") > 1), on="key", how="semi").get_column("comm").unique()
-    return set(pairs.get_column("comm").unique().to_list()) - set(with_peers.to_list())
+    alone = set(pairs.get_column("comm").unique().to_list()) - set(with_peers.to_list())
+    return {str(arrays["comm_names"][c]) for c in alone}
 
 
 def _plan_replay(arrays: dict[str, np.ndarray]) -> None:
@@ -863,7 +875,7 @@ def _ideal_inputs(arrays: dict[str, np.ndarray], stage: np.ndarray | None = None
         rank_index, step_index = np.searchsorted(rank_ids, arrays["rank"][events]), arrays["step_index"][events]
         np.add.at(per, (rank_index, step_index), excess["work"] + excess["gap"])
         # Per atom and step: its events' summed excess, durations and gaps apart; what _excess reads.
-        cell = arrays["atom"][events] * n_steps + step_index
+        cell = arrays["atom"][events].astype(np.int64) * n_steps + step_index
         for name, values in excess.items():
             atom_sums[name] += np.bincount(cell, weights=values, minlength=n_atoms * n_steps)
         if stage is not None:
@@ -1363,9 +1375,11 @@ def report_from_windows(
     else:
         e_obs, arrays = np.zeros(0), {}
     observed = _step_times(arrays, e_obs.astype(np.float64) - arrays["step_start"]) if e_obs.size else np.zeros(0)
+    n_ev = e_obs.size
+    del e_obs
+    arrays.pop("step_start", None)  # the observed ends and the steps' frames: read for the observed step times only
     if evidence is None and (observed.size == 0 or float(observed.sum()) <= 0):
         evidence = "insufficient: no step with timed operations on two or more ranks"
-    n_ev = e_obs.size
     n_atoms = int(arrays["atom_count"].size) if n_ev else 0
     everything, nothing = np.ones(n_atoms, bool), np.zeros(n_atoms, bool)
     coords, rank_coord = facts.coords, facts.rank_coord
