@@ -294,3 +294,51 @@ def test_the_report_from_stored_window_parts_is_the_report_of_the_table(source, 
     whole = analyse_stragglers(table).to_dict()
     assert whole["culprits"]
     assert _close(whole, merged)
+
+
+def test_planned_windows_read_back_from_their_file_equal_the_windows_held_in_memory() -> None:
+    arrays = _two_ranks_three_steps(span_boundary=True)
+    rng = np.random.default_rng(1)
+    columns = {"work32": (rng.uniform(0.0, 3.0, arrays["prev"].size), np.float32)}
+    held = replay.step_windows(arrays, max_events=1 << 40, columns=columns)
+    spilled = replay.step_windows(arrays, max_events=1, columns=columns)
+    assert held is not None
+    assert spilled is not None
+    (whole,) = list(held)
+    parts = list(spilled)
+    assert len(parts) == 2
+    # Each window read back holds its own events' slices, as planned, and the same kind of level plan.
+    events = np.concatenate([w["events"] for w in parts])
+    assert np.array_equal(np.sort(events), whole["events"])
+    assert np.array_equal(np.concatenate([w["work32"] for w in parts])[np.argsort(events)], whole["work32"])
+    assert all(w["work32"].dtype == np.float32 and len(w["plan"]) > 0 for w in parts)
+    first, again = next(iter(spilled)), parts[0]  # read again from the file
+    assert first.keys() == again.keys()
+    for name, value in first.items():
+        if isinstance(value, np.ndarray):
+            assert np.array_equal(value, again[name]), name
+    for (a_general, a_fast), (b_general, b_fast) in zip(first["plan"], again["plan"], strict=True):
+        assert (a_general is None) == (b_general is None)
+        for x, y in zip(a_general or a_fast, b_general or b_fast, strict=True):
+            assert np.array_equal(x, y)
+
+
+def test_between_replays_nothing_per_event_is_held_once_the_windows_are_planned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = _generated(tmp_path)
+    seen: list[tuple[int, dict]] = []
+    plan = stragglers._plan_replay
+
+    def planned(arrays: dict) -> None:
+        events = int(arrays["atom_count"].sum())
+        plan(arrays)
+        seen.append((events, {k: v.size for k, v in arrays.items() if isinstance(v, np.ndarray) and v.ndim == 1}))
+
+    monkeypatch.setattr(replay, "window_events", lambda: 1)
+    monkeypatch.setattr(stragglers, "_plan_replay", planned)
+    report = analyse_stragglers(table).to_dict()
+    assert report["culprits"]
+    ((events, sizes),) = seen
+    # Per step, per rank, per atom: far fewer than the job's events; the windows (one per step here) hold the rest.
+    assert events > 4 * max(sizes.values())
