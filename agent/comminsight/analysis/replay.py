@@ -6,13 +6,15 @@ by level of the dependency graph. Steps depend on each other only through progra
 first operation of a step follows its last one of the step before (``prev``). So the events are cut
 into **windows** of whole steps, in order, and each window is replayed with its own level plan,
 holding only its own events x scenarios; what a window needs from the windows before it is the
-replayed end (and host issue time) of those earlier events that are some later event's ``prev``: a
-rank's last operation before the window, per scenario (the *carry*). No collective, send/receive
+replayed end (and host issue time) of each rank's last operation before the window, per scenario (the
+*carry*, one slot per rank). No collective, send/receive
 pair or batch is cut by a window boundary (a window grows until none is), so every other dependency
 lies inside one window, and the ends are exactly those of one replay of the whole trace.
 
 Memory: the event x scenario arrays of a replay are those of one window and one chunk of scenarios
-(``WINDOW_BUDGET``), plus the carry (ranks x scenarios); not the trace's length.
+(``WINDOW_BUDGET``), plus the carry (ranks x scenarios); not the trace's length. The windows themselves (plans and
+per-event inputs) are planned one at a time and kept in a ``WindowStore``, spilled to an anonymous temporary file
+when there are several, and read back one at a time: between replays nothing per event stays in memory.
 """
 
 from __future__ import annotations
@@ -146,7 +148,8 @@ class WindowStore:
 
     def __init__(self, spill: bool) -> None:
         self._held: list[dict[str, Any]] = []
-        self._file = tempfile.TemporaryFile() if spill else None  # noqa: SIM115 (closed with the store)
+        # Closed, and gone from the disk, when the store is collected (the file has no name from the start).
+        self._file = tempfile.TemporaryFile() if spill else None  # noqa: SIM115
         self._blocks: list[tuple[int, int, dict[str, Any]]] = []
         self.sizes: list[int] = []
 
@@ -164,7 +167,7 @@ class WindowStore:
             "arrays": [(k, v.dtype.str, v.shape) for k, v in named],
             "scalars": {k: v for k, v in win.items() if k != "plan" and not isinstance(v, np.ndarray)},
             "levels": len(win["plan"]),
-            "plan_sizes": [x.size for x in plan],
+            "plan_sizes": np.array([x.size for x in plan], np.int64),
         }
         offset = self._file.seek(0, 2)
         size = 0
@@ -189,17 +192,13 @@ class WindowStore:
                 win[name] = np.frombuffer(buffer, dtype, count, at).reshape(shape)
                 at += -(-count * np.dtype(dtype).itemsize // 8) * 8
             plan = []
-            for count in layout["plan_sizes"]:
+            for count in layout["plan_sizes"].tolist():
                 plan.append(np.frombuffer(buffer, np.int32, count, at))
                 at += -(-count * 4 // 8) * 8
             width = len(plan) // max(layout["levels"], 1)
             steps = [tuple(plan[i : i + width]) for i in range(0, len(plan), width)] if plan else []
             win["plan"] = [(None, lv) if win["fast"] else (lv, None) for lv in steps]
             yield win
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
 
 
 def levels(win: dict[str, Any]) -> list[tuple[Any, Any]] | None:

@@ -38,7 +38,9 @@
 
 Matching, the indices' per-step sums and the replay's per-event columns are prepared window by window of whole
 steps (``_preparation_windows``: no window cuts a collective or a send/receive pair), last window first; the
-windows' columns are then merged for the numpy part of the preparation, which runs over every event at once.
+windows' columns are then merged for the numpy part of the preparation and the references, which run over every
+event at once. The replay's windows are then planned one at a time and spilled (``replay.WindowStore``): the
+replays and the culprit rounds hold no per-event array.
 """
 
 from __future__ import annotations
