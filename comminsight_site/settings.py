@@ -45,6 +45,11 @@ PUBLIC_URL = env.str("COMMINSIGHT_SERVER_PUBLIC_URL", default="").rstrip("/")
 # Request bodies streamed to the application as they arrive, upload chunks written to disk ahead of Django
 # (comminsight_site.daphne_streaming, apps.workloads.api.stream); off = stock Daphne, which buffers each body.
 SERVER_STREAM_BODIES = env.bool("COMMINSIGHT_SERVER_STREAM_BODIES", default=True)
+# The HTTP and WebSocket server of `manage.py serve`: uvicorn (comminsight_site.uvicorn_serving) or daphne
+# (comminsight_site.daphne_streaming). With streaming off it is always stock Daphne.
+SERVER_HTTP = env.str("COMMINSIGHT_SERVER_HTTP", default="uvicorn")
+if SERVER_HTTP not in ("uvicorn", "daphne"):
+    raise ImproperlyConfigured(f"COMMINSIGHT_SERVER_HTTP must be uvicorn or daphne, not {SERVER_HTTP!r}")
 # With streaming: a request whose body stops arriving for this long answers 408 and its connection is closed.
 SERVER_BODY_TIMEOUT_S = env.float("COMMINSIGHT_SERVER_BODY_TIMEOUT_S", default=30.0)
 

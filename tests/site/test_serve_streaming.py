@@ -1,4 +1,5 @@
-"""The real server (`manage.py serve --workers 2`, Daphne) streams upload chunks and times out silent bodies."""
+"""The real server (`manage.py serve --workers 2`, uvicorn and Daphne) streams upload chunks, times out silent
+bodies, closes the connection after an early refusal and serves the live WebSockets."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect as websocket_connect
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow  # starts three server processes once for the module
+pytestmark = pytest.mark.slow  # starts three server processes once for each HTTP server
 
 
 def free_port() -> int:
@@ -29,15 +32,17 @@ def manage(env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    """(base URL, agent token) of a site on SQLite in a fresh data directory, body timeout 1 s."""
+@pytest.fixture(scope="module", params=["uvicorn", "daphne"])
+def site(request, tmp_path_factory):
+    """(base URL, agent token) of a site on SQLite in a fresh data directory, body timeout 1 s, served by
+    uvicorn (the default) or Daphne (COMMINSIGHT_SERVER_HTTP=daphne)."""
     data = tmp_path_factory.mktemp("site")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
     env.update(
         COMMINSIGHT_SERVER_DATA_DIR=str(data),
         COMMINSIGHT_SERVER_BODY_TIMEOUT_S="1",
+        COMMINSIGHT_SERVER_HTTP=request.param,
         DJANGO_SETTINGS_MODULE="comminsight_site.settings",
     )
     manage(env, "serve", "--prepare-only")
@@ -58,7 +63,7 @@ def site(tmp_path_factory):
                     break
                 except httpx.HTTPError:
                     time.sleep(0.2)
-            yield f"http://127.0.0.1:{port}", token
+            yield f"http://127.0.0.1:{port}", token, env
         finally:
             server.terminate()
             server.wait(timeout=60)
@@ -92,7 +97,7 @@ def raw_request(base: str, head: str) -> tuple[bytes, bytes]:
 
 
 def test_chunks_sent_to_the_real_server_are_stored_and_finalized(site):
-    base, token = site
+    base, token, _ = site
     data = os.urandom(3 << 20)
     with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
         upload_id = open_upload(client, base, data)
@@ -108,7 +113,7 @@ def test_chunks_sent_to_the_real_server_are_stored_and_finalized(site):
 
 
 def test_a_client_announcing_a_body_and_sending_nothing_gets_408_and_is_disconnected(site):
-    base, token = site
+    base, token, _ = site
     with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
         upload_id = open_upload(client, base, b"x" * 5000)
         head = (
@@ -125,7 +130,7 @@ def test_a_client_announcing_a_body_and_sending_nothing_gets_408_and_is_disconne
 
 
 def test_a_silent_body_on_any_route_gets_408(site):
-    base, _ = site
+    base, _, _ = site
     head = "POST /api/v1/ingest/live/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n"
     answer, after = raw_request(base, head)
     assert answer.startswith(b"HTTP/1.1 408")
@@ -133,7 +138,7 @@ def test_a_silent_body_on_any_route_gets_408(site):
 
 
 def test_a_refused_chunk_is_answered_before_its_body_and_the_connection_closed(site):
-    base, _ = site
+    base, _, _ = site
     head = (
         f"PATCH /api/v1/ingest/uploads/{'1' * 8}-1111-4111-8111-{'1' * 12}/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         f"Authorization: Bearer ci_unknown_token\r\nUpload-Offset: 0\r\nUpload-Checksum: sha256 {'0' * 64}\r\n"
@@ -146,7 +151,7 @@ def test_a_refused_chunk_is_answered_before_its_body_and_the_connection_closed(s
 
 
 def test_agent_requests_answered_ahead_of_django_and_those_handed_to_it_both_work(site):
-    base, token = site
+    base, token, _ = site
     beat = {"workload_id": "job-real", "node": "n1", "sent_ns": 1, "communicators": []}
     with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
         answered = client.post(f"{base}/api/v1/ingest/live/", json=beat)
@@ -161,7 +166,7 @@ def test_agent_requests_answered_ahead_of_django_and_those_handed_to_it_both_wor
 
 
 def test_a_heartbeat_that_stops_mid_body_gets_408_and_is_disconnected(site):
-    base, token = site
+    base, token, _ = site
     head = (
         f"POST /api/v1/ingest/live/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
         'Content-Type: application/json\r\nContent-Length: 500\r\n\r\n{"workload_id": "job-stalled", '
@@ -172,7 +177,7 @@ def test_a_heartbeat_that_stops_mid_body_gets_408_and_is_disconnected(site):
 
 
 def test_malformed_request_heads_are_refused_with_400(site):
-    base, token = site
+    base, token, _ = site
     for head in (
         f"POST /api/v1/ingest/live/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
         "Content-Type: application/json\r\nContent-Length: ten\r\n\r\n",
@@ -184,3 +189,39 @@ def test_malformed_request_heads_are_refused_with_400(site):
             conn.sendall(head.encode())
             answer = conn.recv(65536)
         assert answer.startswith(b"HTTP/1.1 400"), answer[:80]
+
+
+def test_a_chunk_refused_after_part_of_its_body_arrived_is_answered_and_the_rest_is_not_read(site):
+    base, _, _ = site
+    head = (
+        f"PATCH /api/v1/ingest/uploads/{'2' * 8}-2222-4222-8222-{'2' * 12}/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer ci_unknown_token\r\nUpload-Offset: 0\r\nUpload-Checksum: sha256 {'0' * 64}\r\n"
+        "Content-Length: 8000000\r\n\r\n"
+    )
+    answer, after = raw_request(base, head + "x" * 300_000)
+    assert answer.startswith(b"HTTP/1.1 401")
+    assert b"connection: close" in answer.lower()
+    assert after == b""
+
+
+def test_the_served_websocket_gives_the_owner_the_live_status_and_refuses_a_stranger(site):
+    base, token, env = site
+    beat = {"workload_id": "job-watched", "node": "n1", "sent_ns": 1, "communicators": []}
+    httpx.post(f"{base}/api/v1/ingest/live/", json=beat, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    found = manage(
+        env,
+        "shell",
+        "-c",
+        "from django.test import Client; from apps.accounts.models import User; "
+        "from apps.workloads.models import Workload; client = Client(); "
+        "client.force_login(User.objects.get(username='alice')); "
+        "print(Workload.objects.get(external_id='job-watched').pk, client.cookies['sessionid'].value)",
+    )
+    workload_id, session = found.split()[-2:]
+    url = base.replace("http://", "ws://") + f"/ws/workloads/{workload_id}/"
+    with websocket_connect(url, origin=base, additional_headers={"Cookie": f"sessionid={session}"}) as socket_:
+        first = socket_.recv(timeout=30)
+    with pytest.raises(InvalidStatus) as refused:  # closed before the handshake completes: refused
+        websocket_connect(url, origin=base, open_timeout=30)
+    assert first == '{"type": "status", "status": "running"}'
+    assert refused.value.response.status_code == 403

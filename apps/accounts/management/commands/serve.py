@@ -1,8 +1,10 @@
 """``manage.py serve``: what `make run` starts — migrate, collect static files when needed, make sure a
-bootstrap token exists while the site has no root (printing the token file's *path*), then run Daphne
-on ``COMMINSIGHT_SERVER_LISTEN`` (and ``COMMINSIGHT_SERVER_AGENT_LISTEN`` when set).
+bootstrap token exists while the site has no root (printing the token file's *path*), then serve HTTP and
+WebSockets on ``COMMINSIGHT_SERVER_LISTEN`` (and ``COMMINSIGHT_SERVER_AGENT_LISTEN`` when set) with uvicorn
+(``comminsight_site.uvicorn_serving``), or with Daphne when ``COMMINSIGHT_SERVER_HTTP=daphne`` (and always
+when ``COMMINSIGHT_SERVER_STREAM_BODIES`` is off: stock Daphne, which buffers each body).
 
-``--workers N`` (``COMMINSIGHT_SERVER_WORKERS``) binds the listening sockets once and starts N Daphne
+``--workers N`` (``COMMINSIGHT_SERVER_WORKERS``) binds the listening sockets once and starts N server
 processes that all accept on them (the kernel spreads connections): one Python process runs one request's
 Python code at a time, so more cores need more processes.
 """
@@ -61,7 +63,7 @@ def embedded_periodic_tasks(stop: threading.Event) -> None:
 
 
 class Command(BaseCommand):
-    help = "Prepare the site (migrate, static files, bootstrap token) and serve it with Daphne."
+    help = "Prepare the site (migrate, static files, bootstrap token) and serve it (uvicorn, or Daphne)."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--listen", default=settings.SERVER_LISTEN, help="HOST:PORT (COMMINSIGHT_SERVER_LISTEN)")
@@ -71,7 +73,7 @@ class Command(BaseCommand):
             "--workers",
             type=int,
             default=_env_workers(),
-            help="Daphne processes sharing the listening sockets (COMMINSIGHT_SERVER_WORKERS, default 1)",
+            help="server processes sharing the listening sockets (COMMINSIGHT_SERVER_WORKERS, default 1)",
         )
         # Internal: a worker started by --workers serves on inherited sockets and prepares nothing.
         parser.add_argument("--inherit-fd", action="append", default=[], help=argparse.SUPPRESS)
@@ -79,7 +81,11 @@ class Command(BaseCommand):
     def handle(self, *args: object, **options: object) -> None:
         if options["inherit_fd"]:  # a worker of run_workers: it ends with its parent, even a killed one
             lifeline.watch_parent()
-            run_daphne([f"{ADOPT}:{fd}:{domain}" for fd, domain in map(_fd_spec, options["inherit_fd"])])
+            inherited = list(map(_fd_spec, options["inherit_fd"]))
+            if _uvicorn():
+                run_uvicorn([_adopt(fd, domain) for fd, domain in inherited])
+            else:
+                run_daphne([f"{ADOPT}:{fd}:{domain}" for fd, domain in inherited])
             return
         workers = int(options["workers"])
         if workers < 1:
@@ -112,11 +118,31 @@ class Command(BaseCommand):
                 target=embedded_periodic_tasks, args=(threading.Event(),), name="comminsight-periodic", daemon=True
             ).start()
 
-        if workers == 1:
-            run_daphne(endpoints)
-            return
         addresses = [listen] + ([settings.SERVER_AGENT_LISTEN] if settings.SERVER_AGENT_LISTEN else [])
-        run_workers(workers, [bind(address) for address in addresses])
+        if workers == 1 and _uvicorn():
+            run_uvicorn([bind(address) for address in addresses])
+        elif workers == 1:
+            run_daphne(endpoints)
+        else:
+            run_workers(workers, [bind(address) for address in addresses])
+
+
+def _uvicorn() -> bool:
+    """uvicorn serves, unless Daphne is asked for, or streaming is off (the stock Daphne baseline)."""
+    return settings.SERVER_HTTP == "uvicorn" and settings.SERVER_STREAM_BODIES
+
+
+def _adopt(fd: int, domain: str) -> socket.socket:
+    return socket.socket(socket.AF_INET6 if domain == "INET6" else socket.AF_INET, socket.SOCK_STREAM, fileno=fd)
+
+
+def run_uvicorn(sockets: list[socket.socket]) -> None:
+    from django.utils.module_loading import import_string
+
+    from comminsight_site import uvicorn_serving
+
+    application = import_string(settings.ASGI_APPLICATION)
+    uvicorn_serving.serve(sockets, application, settings.SERVER_BODY_TIMEOUT_S)
 
 
 ADOPT = "comminsight-adopt"
@@ -183,7 +209,7 @@ def bind(listen: str) -> socket.socket:
 
 
 def run_workers(count: int, sockets: list[socket.socket]) -> None:
-    """Start ``count`` Daphne workers on ``sockets``; stop them all on SIGTERM/SIGINT or when one dies."""
+    """Start ``count`` server workers on ``sockets``; stop them all on SIGTERM/SIGINT or when one dies."""
     specs = [f"{s.fileno()}:{'INET6' if s.family == socket.AF_INET6 else 'INET'}" for s in sockets]
     command = [sys.executable, "-m", "django", "serve", *(arg for spec in specs for arg in ("--inherit-fd", spec))]
     env = lifeline.child_environment(
