@@ -1,9 +1,9 @@
 """Site ingest on loopback: upload throughput, server memory and API latency under 50 agents, streaming vs buffering.
 
-Starts the real site (`manage.py serve --workers N`, Daphne) twice on one temporary data directory, in the same
-run: first as the baseline (COMMINSIGHT_SERVER_STREAM_BODIES=0: stock Daphne buffers each body, Django copies it,
-the view writes it), then with bodies streamed to disk ahead of Django and upload create, HEAD and heartbeats
-answered ahead of it (the default). Against each:
+Starts the real site (`manage.py serve --workers N`: uvicorn, or what COMMINSIGHT_SERVER_HTTP names) twice on one
+temporary data directory, in the same run: first as the baseline (COMMINSIGHT_SERVER_STREAM_BODIES=0: stock Daphne
+buffers each body, Django copies it, the view writes it), then with bodies streamed to disk ahead of Django and upload
+create, HEAD and heartbeats answered ahead of it (the default). Against each:
   - upload:  one resumable upload of --size-mib MiB in PATCH chunks of min(--chunk-mib, the site's max_chunk),
              as the agent sends them (checksums computed before the clock starts); MB/s, and the peak resident
              memory of the server workers (VmHWM summed over them);

@@ -1,6 +1,7 @@
-"""ASGI entry point served by Daphne: HTTP through Django, except the agents' frequent requests, answered
-ahead of it (upload chunks streamed to disk: apps.workloads.api.stream; upload create, upload HEAD and
-heartbeats: apps.workloads.api.agent_requests); WebSockets through Channels with session auth."""
+"""ASGI entry point served by uvicorn (or Daphne; ``manage.py serve``): HTTP through Django, except the
+agents' frequent requests, answered ahead of it (upload chunks streamed to disk: apps.workloads.api.stream;
+upload create, upload HEAD and heartbeats: apps.workloads.api.agent_requests); WebSockets through Channels with
+session auth."""
 
 import os
 

@@ -43,7 +43,8 @@ SERVER_LISTEN = env.str("COMMINSIGHT_SERVER_LISTEN", default="127.0.0.1:8000")
 SERVER_AGENT_LISTEN = env.str("COMMINSIGHT_SERVER_AGENT_LISTEN", default="")
 PUBLIC_URL = env.str("COMMINSIGHT_SERVER_PUBLIC_URL", default="").rstrip("/")
 # Request bodies streamed to the application as they arrive, upload chunks written to disk ahead of Django
-# (comminsight_site.daphne_streaming, apps.workloads.api.stream); off = stock Daphne, which buffers each body.
+# (comminsight_site.uvicorn_serving or daphne_streaming, apps.workloads.api.stream); off = stock Daphne, which
+# buffers each body.
 SERVER_STREAM_BODIES = env.bool("COMMINSIGHT_SERVER_STREAM_BODIES", default=True)
 # The HTTP and WebSocket server of `manage.py serve`: uvicorn (comminsight_site.uvicorn_serving) or daphne
 # (comminsight_site.daphne_streaming). With streaming off it is always stock Daphne.

@@ -21,6 +21,9 @@
 # Rebuilt the same way on 2026-12-04 17:00 UTC (`pip download ... -r requirements/base.txt` with its dependencies,
 # less the host's; Django's locales other than en and Twisted's and Autobahn's tests left out; site 38 MB with xz -9,
 # srv 17 MB), kept in .device-carry/ (ignored by git) and run with BUNDLE=.device-carry.
+# Rebuilt again on 2026-12-04 20:07 UTC the same way, with uvicorn, httptools, uvloop and websockets (site 41 MB,
+# srv 17 MB). The device runs a copy of the session's main checkout: a branch's tree went as `git archive | xz` in
+# the bundle folder, unpacked on the device and run from there with --baseline-tree pointing at the main checkout.
 # Its arguments are passed to the bench (BENCH, default bench/site_ingest.py). Figures and logs go to OUT
 # (default ./bench-out). PostgreSQL refuses to run as root: it runs as PG_USER (created when missing).
 set -euo pipefail

@@ -1,7 +1,8 @@
 """The upload chunk route (``PATCH /api/v1/ingest/uploads/<id>/``) as an ASGI application ahead of Django.
 
 Under Django a chunk is copied whole into Django's request body before the view reads it. Here the body
-messages the server delivers (``comminsight_site.daphne_streaming``: as they arrive, with backpressure)
+messages the server delivers (``comminsight_site.uvicorn_serving`` or ``daphne_streaming``: as they arrive,
+with backpressure)
 are hashed and written to the upload's part file by a pool thread in batches of about 1 MiB, one batch at
 a time, while the event loop receives the next: a request holds at most two batches.
 
