@@ -452,9 +452,16 @@ def stragglers_plan_task(files: list[str], max_rows: int, out: str) -> tuple[int
     before = _peak_mib()
 
     def work() -> int:
-        from comminsight.analysis.straggler_plan import PLAN_COLUMNS, LocalScratch, plan_in_batches, write_window
+        from comminsight.analysis.straggler_plan import (
+            PLAN_BATCH_ROWS,
+            PLAN_COLUMNS,
+            LocalScratch,
+            plan_in_batches,
+            write_window,
+        )
 
-        batches = [part[0] for part in plan("hang", files, max_rows)]  # whole ranks, as the site batches them
+        # Whole ranks, as the site batches them.
+        batches = [part[0] for part in plan("hang", files, min(max_rows, PLAN_BATCH_ROWS))]
         columns = [c for c in PLAN_COLUMNS if c in SCHEMA.names]  # only what planning reads
 
         def load(i: int) -> pl.DataFrame:

@@ -26,10 +26,12 @@ of a node's recording). Each partitioned analysis says which partitions it needs
   last reduce merges their per-step totals, one partition at a time, into the report of the whole table
   (with the per-(rank, step) rows only when it keeps per-rank details: up to ``MAX_STEP_RANK_DETAILS``).
 
-- **stragglers** — windows of whole steps (``comminsight.analysis.stragglers``): planning reads the store once as
-  the whole-table run does (the steps, the job's facts and the preparation's plan need the whole table; the store
-  is laid out by rank, not by step) and writes each window's rows, up to ``ANALYSIS_PARTITION_ROWS`` of whole steps
-  that no collective or send/receive pair crosses, as an object of the run; a map task prepares its window
+- **stragglers** — windows of whole steps (``comminsight.analysis.stragglers``): planning goes through the store
+  twice, a batch of whole ranks at a time (``comminsight.analysis.straggler_plan``: the steps, the job's facts and
+  the preparation's plan the whole table gives, from per-batch summaries and scratch objects of the run, never the
+  whole table; the store is laid out by rank, not by step) and writes each window's rows, up to
+  ``ANALYSIS_PARTITION_ROWS`` of whole steps that no collective or send/receive pair crosses, as an object of the
+  run, a batch's rows at a time; a map task prepares its window
   (matching, the statistics' sums, the replay's columns); the reduce merges the windows in order and runs the
   replay and the culprit decision (``report_from_windows``), equal to the whole-table report.
 
@@ -491,15 +493,17 @@ class _RunScratch:
 
 def _stragglers_start(job: AnalysisJob, files: list[str], run: str) -> int:
     """Plan a stragglers run (``comminsight.analysis.straggler_plan.plan_in_batches``: the ``prepare_table`` and
-    ``plan_preparation`` of the whole table) over batches of whole ranks (``rank_partitions``, up to
-    ``ANALYSIS_PARTITION_ROWS`` rows each, decoded with the store's communicator members as the whole table is),
+    ``plan_preparation`` of the whole table) over batches of whole ranks (``rank_partitions``, in rank order, up to
+    ``ANALYSIS_PARTITION_ROWS`` rows and at most ``PLAN_BATCH_ROWS`` each, decoded with the store's communicator
+    members as the whole table is),
     one batch held at a time; the job's facts and the preparation's plan are stored, and each window of whole steps
     (up to ``ANALYSIS_PARTITION_ROWS`` rows, never cut through a collective or a send/receive pair) is written as a
     Parquet object of the columns its map task reads (a store laid out by rank holds no step window: this
     re-partitions it). Returns the number of windows."""
-    from comminsight.analysis.straggler_plan import PLAN_COLUMNS, plan_in_batches, write_window
+    from comminsight.analysis.straggler_plan import PLAN_BATCH_ROWS, PLAN_COLUMNS, plan_in_batches, write_window
 
-    batches = rank_partitions(files, settings.ANALYSIS_PARTITION_ROWS, by_rank_number=True) if files else []
+    batch_rows = min(settings.ANALYSIS_PARTITION_ROWS, PLAN_BATCH_ROWS)
+    batches = rank_partitions(files, batch_rows, by_rank_number=True) if files else []
     if not batches or sum(_file_rows(files[i]) for b in batches for i in b.files) == 0:
         raise ValueError(NO_OPERATIONS)
     members = store_communicator_members(files)

@@ -71,6 +71,9 @@ PLAN_COLUMNS = (
     "enqueue_ns",
     "step",
 )
+# Rows of a planning batch (whole ranks) and of a bucket at most: a batch costs ~0.9 KB per row at its peak (the step
+# engine over its ranks; 926 MiB for one batch of 1,048,575 rows, bench/partitioned_analysis.py --plan-only).
+PLAN_BATCH_ROWS = 1 << 20
 SCRATCH_ROW_GROUP = 1 << 16  # rows per row group of a batch's sorted rows: a window's read skips other steps'
 _LABELS = ("comm_desc", *COORDS)  # roles_from_shape_alone: none of these given means roles from shape alone
 
@@ -161,8 +164,9 @@ def plan_in_batches(
     shape_alone = all(nulls[c] == total for c in _LABELS if c in columns)
 
     # Pass 2: steps, and what the windows and the plan need of them.
-    n_instance_buckets = max(1, math.ceil(total / max_rows))
-    n_p2p_buckets = max(1, math.ceil(n_p2p / max_rows))
+    bucket_rows = min(max_rows, PLAN_BATCH_ROWS)
+    n_instance_buckets = max(1, math.ceil(total / bucket_rows))
+    n_p2p_buckets = max(1, math.ceil(n_p2p / bucket_rows))
     instance_keys: dict[int, list[str]] = {}
     p2p_keys: dict[int, list[str]] = {}
     batches: list[str] = []
