@@ -507,6 +507,9 @@ def _prepare_replay(
     ev = {name: (lambda v: v[order] if v.size else v)(cols.pop(name)) for name in list(cols)}
     del order
     n = ev["row"].size
+    # Indices are held as 32-bit integers while the trace allows it (until planned, the per-event arrays are the
+    # analysis' largest holding); what is computed from them is computed in 64 bits.
+    index = np.int32 if n < 2**31 else np.int64
     idx = np.arange(n)
     r = ev.pop("rank")
     st = ev.pop("step")
@@ -530,8 +533,8 @@ def _prepare_replay(
     batched = np.zeros(n, dtype=bool)
     batched[1:] = same[1:] & (s[1:] == s[:-1])
     head = np.maximum.accumulate(np.where(~batched, idx, 0))
-    prev = np.where(batched, prev[head], prev)
-    _, batch = np.unique(head, return_inverse=True)
+    prev = np.where(batched, prev[head], prev).astype(index)
+    batch = np.unique(head, return_inverse=True)[1].astype(index)
     del same_rank, same, batched, head
     # Symmetric groups: collectives, and each matched send with its receive (a send completes only
     # once the receiver has posted the receive: it waits for a late receiver as a receive waits for
@@ -548,14 +551,15 @@ def _prepare_replay(
     collective = matched_ok
     dense = np.where(collective, grp, -1).astype(np.int64)
     dense[~collective] = grp.max(initial=-1) + 1 + np.arange(int((~collective).sum()))
-    _, dense = np.unique(dense, return_inverse=True)
-    del contradicted, wrong, matched_ok
+    dense = np.unique(dense, return_inverse=True)[1].astype(index)
+    matched = (grp >= 0) | p2p
+    del contradicted, wrong, matched_ok, grp, p2p
     # Receive -> index of its send in this ordering.
     rows, partner_row = ev.pop("row"), ev.pop("partner_row")
     by_row = np.argsort(rows)
     at = np.minimum(np.searchsorted(rows, partner_row, sorter=by_row), max(n - 1, 0))
     found = (partner_row >= 0) & (rows[by_row[at]] == partner_row) if n else np.zeros(0, bool)
-    partner = np.where(found, by_row[at] if n else at, -1).astype(np.int64)
+    partner = np.where(found, by_row[at] if n else at, -1).astype(index)
     del rows, partner_row, by_row, at, found, idx
     # Each step is replayed in its own time frame (relative to its first start: float32 keeps
     # 0.1 us over a step); an operation that follows one of an earlier step shifts frames.
@@ -613,19 +617,13 @@ def _prepare_replay(
         "launch": launch,
         "gap": gap,
         "work": work,
-        "matched": (grp >= 0) | p2p,
+        "matched": matched,
         "rank": r,
         "step": st,
         "max_chain": np.int64(4 * longest),  # longest chain inside one step
         "max_chain_all": np.int64(4 * longest * n_steps),
     }
-    del s, grp, p2p, collective, dense, batch, shift, sync, launch, gap, work
-    # Indices are held as 32-bit integers while the trace allows it (until planned, the per-event arrays are the
-    # analysis' largest holding); what is computed from them is computed in 64 bits.
-    index = np.int32 if n < 2**31 else np.int64
-    for name in ("prev", "group_dense", "batch"):
-        arrays[name] = arrays[name].astype(index, copy=False)
-    del prev
+    del s, collective, matched, dense, batch, shift, sync, launch, gap, work, prev
     # What the what-if compares: an operation's duration with the same operation (kind, shape or
     # name, occurrence in the step) on every rank and step; a gap with the gap between the same
     # two operations. Gaps come from launch overhead when compute rows exist, else they are the
