@@ -26,7 +26,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from simulated_runs import least_stalled_run
+from simulated_runs import false_culprits, least_stalled_run
 
 from comminsight.analysis.stragglers import analyse_stragglers
 from comminsight.importers import load
@@ -52,32 +52,6 @@ def _modelled_slowdown(truth: dict, report) -> float:  # type: ignore[no-untyped
     from comminsight.simulator.model import fault_slowdown
 
     return fault_slowdown(truth, report.culprits)
-
-
-def _false_culprits(report, truth: dict, injected: frozenset[int] = frozenset()) -> list[tuple]:  # type: ignore[no-untyped-def]
-    """Named groups that hold no injected fault and whose cost the machine's delays do not explain.
-
-    (group, its stated saving, what the run's truth says the machine cost through it) in ms per step. A
-    group of faulty ranks only is the fault's; every other is held to the truth. In a run without a fault
-    the culprits together are held to it too: the estimate's saving must be the machine's.
-    """
-    from comminsight.simulator.model import host_delay_costs
-
-    named = {g["group"]: g for g in report.culprit_groups if not set(g["ranks"]) <= injected}
-    if not named:
-        return []
-    costs = host_delay_costs(truth, {name: g["ranks"] for name, g in named.items()})
-    false = [
-        (name, g["saves_ms_per_step"], costs[name])
-        for name, g in named.items()
-        if costs[name] < 0.5 * g["saves_ms_per_step"]
-    ]
-    if not injected:
-        together = report.slowdown["observed_step_ms"] - report.slowdown["estimated_without_culprits_ms"]
-        cost = host_delay_costs(truth, {"all": report.culprits})["all"]
-        if cost < 0.5 * together:
-            false.append(("all culprits", together, cost))
-    return false
 
 
 def test_a_rank_late_every_step_is_named_with_its_cost(plugin: Path, tmp_path: Path) -> None:
@@ -165,7 +139,7 @@ def test_nobody_beside_a_slow_links_pair_is_named(slow_link_job) -> None:
     # Beside the pair, only what the machine made slow in this run may be named (the run's truth).
     link, report, truth = slow_link_job
     assert set(link) <= set(report.culprits)
-    assert _false_culprits(report, truth, injected=frozenset(link)) == []
+    assert false_culprits(report, truth, injected=frozenset(link)) == []
 
 
 def test_the_same_megatron_job_without_a_fault_names_only_what_the_machine_made_slow(
@@ -180,7 +154,7 @@ def test_the_same_megatron_job_without_a_fault_names_only_what_the_machine_made_
     # No fault is injected: a rank or stage may be named only when the machine really made it slow in
     # this run, by at least half the cost stated for it (2 of 11 runs on an idle 2-core machine once named
     # pp=1 at 7.9 ms of a 598 ms step; whether such a culprit was real is the run's truth to say).
-    assert _false_culprits(report, truth) == [], [(g["group"], g["saves_ms_per_step"]) for g in report.culprit_groups]
+    assert false_culprits(report, truth) == [], [(g["group"], g["saves_ms_per_step"]) for g in report.culprit_groups]
 
 
 def test_a_pipeline_stage_with_slow_backward_is_named(plugin: Path, tmp_path: Path) -> None:
