@@ -52,8 +52,10 @@ import io
 import json
 import logging
 import re
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -525,10 +527,13 @@ def _stragglers_start(job: AnalysisJob, files: list[str], run: str) -> int:
             use_labels=not job.parameters["ignore_labels"],
             max_rows=settings.ANALYSIS_PARTITION_ROWS,
         )
-    for i in range(len(planned.plan.windows)):
-        buffer = io.BytesIO()  # compressed, a batch's rows at a time
-        write_window(scratch, planned, i, buffer)
-        object_store().write_bytes(f"{run}/window-{i:06d}.parquet", buffer.getvalue())
+    with tempfile.TemporaryDirectory(prefix="comminsight-window-") as local:
+        for i in range(len(planned.plan.windows)):
+            # A batch's rows at a time into a local file, then streamed to the store (a window of the whole job,
+            # when the steps leave no boundary to cut at, is never held in memory).
+            path = Path(local) / f"window-{i:06d}.parquet"
+            write_window(scratch, planned, i, path)
+            object_store().put_file(path, f"{run}/window-{i:06d}.parquet")
     object_store().delete_prefix(scratch.prefix)
     _write_stored(f"{run}/stragglers-plan", *planned.plan.to_stored())
     _write_stored(f"{run}/stragglers-facts", *planned.facts.to_stored())
