@@ -71,9 +71,10 @@ PLAN_COLUMNS = (
     "enqueue_ns",
     "step",
 )
-# Rows of a planning batch (whole ranks) and of a bucket at most: a batch costs ~0.9 KB per row at its peak (the step
-# engine over its ranks; 926 MiB for one batch of 1,048,575 rows, bench/partitioned_analysis.py --plan-only).
-PLAN_BATCH_ROWS = 1 << 20
+# Rows of a planning batch (whole ranks) and of a bucket at most. The peak follows the batch: ~0.9 KB per row of one
+# batch (+926 MiB for one batch of 1,048,575 rows), +1,413 MiB for 16.8 M operations in batches of 1 Mi rows, +383
+# MiB in batches of 128 Ki rows, no slower (bench/partitioned_analysis.py --plan-only, docs/operators.md).
+PLAN_BATCH_ROWS = 1 << 18
 SCRATCH_ROW_GROUP = 1 << 16  # rows per row group of a batch's sorted rows: a window's read skips other steps'
 _LABELS = ("comm_desc", *COORDS)  # roles_from_shape_alone: none of these given means roles from shape alone
 
