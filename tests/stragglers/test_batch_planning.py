@@ -10,7 +10,7 @@ import pytest
 
 from comminsight.analysis import stragglers
 from comminsight.analysis.straggler_plan import PLAN_COLUMNS, LocalScratch, plan_in_batches, window_frame
-from tests.stragglers.test_replay_windows import _close, _generated, _generated_pipeline, _recorded, _simulated
+from tests.stragglers.test_replay_windows import _generated, _generated_pipeline, _recorded, _simulated
 
 
 def _pipeline_without_coordinates(tmp_path: Path) -> pl.DataFrame:
@@ -81,7 +81,7 @@ def test_planning_batch_by_batch_of_ranks_gives_the_whole_tables_plan_and_report
 
     parts = [stragglers.prepare_window(w, planned.plan, i) for i, w in enumerate(windows)]
     merged = stragglers.report_from_windows(planned.facts, planned.plan, parts).to_dict()
-    assert _close(merged, stragglers.analyse_stragglers(table, use_labels).to_dict())
+    assert merged == stragglers.analyse_stragglers(table, use_labels).to_dict()
 
 
 def test_batches_without_rows_are_no_operations_to_analyse(tmp_path: Path) -> None:

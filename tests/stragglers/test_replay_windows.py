@@ -2,13 +2,12 @@
 and so does the preparation before it (matching, per-rank statistics, the replay's columns) window by window.
 
 Between windows only each rank's last replayed end (and host issue time) passes, per scenario; these tests cut
-jobs into windows of one step and compare with one window holding every step: the reports must be equal (up
-to polars' float sums, whose order varies from run to run).
+jobs into windows of one step and compare with one window holding every step: the reports must be equal, to the
+bit.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -22,21 +21,6 @@ from comminsight.simulator.tracegen import Fault, Layout, generate
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "kineto_gpu_lab_8rank"
 SIMULATED = Path(__file__).resolve().parents[1] / "data" / "simulated_ddp_rank2_slow"
-
-
-def _close(a: object, b: object) -> bool:
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        assert isinstance(b, dict)
-        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        assert isinstance(b, list)
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float):
-        assert isinstance(b, float)
-        return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12)
-    return a == b
 
 
 def _report_with_windows(table: pl.DataFrame, events: int, monkeypatch: pytest.MonkeyPatch) -> tuple[dict, int]:
@@ -77,7 +61,7 @@ def test_a_replay_cut_into_one_step_windows_gives_the_report_of_one_window(
     assert whole_windows == 1
     assert cut_windows == len(whole["per_step"]) > 1
     assert whole["culprits"]  # a job with a straggler: the replay's scenarios decide something
-    assert _close(whole, cut)
+    assert whole == cut
 
 
 def _two_ranks_three_steps(span_boundary: bool) -> dict:
@@ -185,7 +169,7 @@ def test_a_preparation_window_by_window_of_steps_gives_the_report_of_one_window(
     assert len(windows) > 1
     assert whole["culprits"]
     assert whole["waiting"]
-    assert _close(whole, cut)
+    assert whole == cut
 
 
 def test_preparation_windows_never_cut_a_collective_or_a_transfer_across_steps() -> None:
@@ -293,7 +277,7 @@ def test_the_report_from_stored_window_parts_is_the_report_of_the_table(source, 
     merged = stragglers.report_from_windows(facts, plan, parts).to_dict()
     whole = analyse_stragglers(table).to_dict()
     assert whole["culprits"]
-    assert _close(whole, merged)
+    assert whole == merged
 
 
 def test_planned_windows_read_back_from_their_file_equal_the_windows_held_in_memory() -> None:

@@ -45,10 +45,10 @@ replays and the culprit rounds hold no per-event array.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
-from math import comb
 
 import numpy as np
 import polars as pl
@@ -63,6 +63,8 @@ from comminsight.semantic.matching import match_operations, p2p_pairs
 from comminsight.semantic.roles import infer_coordinates, infer_roles
 
 COORDS = ("dp_rank", "pp_rank", "tp_rank", "cp_rank")
+# Subset kinds in the order equal costs are listed in (single ranks first: the smallest answer).
+SUBSET_KINDS = ("rank", "dp", "pp", "tp", "cp", "comm", "op")
 NOISE_MULTIPLE = 3.0  # a culprit saves at least this many times the typical rank's saving
 NOISE_SAMPLE = 24  # single ranks replayed again in later culprit rounds, for the noise bar
 NULL_DRAWS = 256  # sets of ranks drawn from the reference to measure what a healthy set of that size shows
@@ -84,6 +86,10 @@ REPLAY_COLUMNS = (
 )
 # Columns the windowed preparation reads (matching, statistics, the replay's).
 _WINDOW_COLUMNS = (*REPLAY_COLUMNS, "seq", "peer", "comm_size")
+# The order the analysis puts the operations in (_canonical_order): every column it reads of an operation
+# (per-communicator facts such as its members are the same on all its rows).
+ORDER_COLUMNS = ("rank", "start_ns", "end_ns", "enqueue_ns", "comm_id", "op", "is_p2p", "seq", "peer", "bytes")
+ORDER_COLUMNS += ("comm_name", "step", "comm_desc", "comm_size", "dp_rank", "pp_rank", "tp_rank", "cp_rank")
 PREPARE_ROWS = 1 << 15  # rows per preparation window of whole steps (at least one step)
 WAIT_CLOCK_SLACK_NS = 50_000  # CPU issue times and GPU end times come from different clocks
 
@@ -939,6 +945,7 @@ def _stage_gap_reference(
         per_rank_step.group_by("rank")
         .agg(pl.col("stage").first())
         .join(per_stage, on="stage")
+        .sort("rank")  # a fixed order for the mean below (group_by's order varies from run to run)
         .get_column("typical")
         .to_numpy()
     )
@@ -974,6 +981,14 @@ class _Scenario:
 
     work: np.ndarray
     gap: np.ndarray
+
+
+def _name_order(name: str) -> tuple[int, int, str]:
+    """Where a candidate or subset (``kind=value``) comes among equals: by kind (``SUBSET_KINDS``), then its value
+    (numbers by number). Equal costs are then ordered the same way in every run, whatever order they were found in."""
+    kind, _, value = name.partition("=")
+    position = SUBSET_KINDS.index(kind) if kind in SUBSET_KINDS else len(SUBSET_KINDS)
+    return position, int(value) if value.isdigit() else -1, value
 
 
 def _noise_threshold(singles: np.ndarray, step: float, min_gain: float) -> float:
@@ -1130,7 +1145,7 @@ def _steadily_slow(arrays: dict[str, np.ndarray], rank: int, exclude: set[int], 
     centre = np.median(reference, axis=0)
     cut = float(np.quantile((reference - centre[None, :]).ravel(), 1.0 - TAIL_SHARE))
     above = int((per[int(np.flatnonzero(ids == rank)[0])] - centre > cut).sum())
-    p = sum(comb(steps, j) * TAIL_SHARE**j * (1 - TAIL_SHARE) ** (steps - j) for j in range(above, steps + 1))
+    p = sum(math.comb(steps, j) * TAIL_SHARE**j * (1 - TAIL_SHARE) ** (steps - j) for j in range(above, steps + 1))
     return n_tests * p < FAMILY_ALPHA
 
 
@@ -1143,11 +1158,11 @@ def _slow_without_its_slowest(arrays: dict[str, np.ndarray], ranks: set[int], ex
     0.9): if the rank itself does not pass, the group is not the answer either.
     """
     ids, per = arrays["rank_ids"], arrays["rank_excess"]
-    members = [r for r in ranks if r in set(ids.tolist())]
+    members = sorted(r for r in ranks if r in set(ids.tolist()))
     if len(members) < 2:
         return True
-    total = {r: float(per[int(np.flatnonzero(ids == r)[0])].sum()) for r in members}
-    slowest = max(total, key=lambda r: total[r])
+    total = {r: math.fsum(per[int(np.flatnonzero(ids == r)[0])]) for r in members}
+    slowest = min(members, key=lambda r: (-total[r], r))  # equal totals: the lowest rank
     rest = set(members) - {slowest}
     rows = np.isin(arrays["atom_rank"], list(rest))
     # The slowest member is left out of the reference as well: it is not a healthy rank.
@@ -1178,7 +1193,7 @@ def _first_of_union(
     top = cands[top_name]
     parts = [
         n
-        for n in sorted(passing, key=lambda n: -savings[n])
+        for n in sorted(passing, key=lambda n: (-savings[n], _name_order(n)))
         if n != top_name
         and not (cands[n].work & ~top.work).any()
         and not (cands[n].gap & ~top.gap).any()
@@ -1262,11 +1277,27 @@ class JobFacts:
         )
 
 
+def _canonical_order(df: pl.DataFrame) -> pl.DataFrame:
+    """The operations in one order whatever order the input stored them in (``ORDER_COLUMNS``).
+
+    The analysis reads a set of operations, but its row numbers break ties (operations a rank posted at
+    the same instant, the first row of a communicator): the rows of one job read as one table, or one
+    file per archive and rank (the partitioned run), or shuffled, must give the same report to the bit.
+    Rows equal in every ordered column are the same operation to the analysis. No copy when already in
+    that order (importers write ranks in time order).
+    """
+    keys = [c for c in ORDER_COLUMNS if c in df.columns]
+    order = df.select(pl.arg_sort_by(keys, nulls_last=True, maintain_order=True)).to_series()
+    if order.is_sorted():
+        return df
+    return df[order]
+
+
 def prepare_table(table: pa.Table | pl.DataFrame, use_labels: bool = True) -> tuple[pl.DataFrame, JobFacts]:
     """The operations table with its row index (``row``) and steps (``_step``), and the job's facts."""
     df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
-    df = df.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
+    df = _canonical_order(df).with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
     if df.height == 0:
         raise ValueError("no operations to analyse")
     evidence = _insufficient(df)
@@ -1476,8 +1507,8 @@ def report_from_windows(
         )
     for k, t in t_kind.items():
         attribution["op_kind"].append(subset_entry(f"op={k}", t, None, None))
-    for entries in attribution.values():
-        entries.sort(key=lambda x: -x["slowdown_ratio"])
+    for kind, entries in attribution.items():
+        entries.sort(key=lambda x: (-x["slowdown_ratio"], _name_order(f"{kind}={x['subset']}")))
 
     # Culprits: remove the subset whose slowness costs the most, then look again with it removed
     # (a rank that only waited for it saves nothing any more), while the saving stands out from
@@ -1508,7 +1539,11 @@ def report_from_windows(
         open_names = [n for n in names if part[n].work.any() or part[n].gap.any()]
         if not open_names:
             break
-        shared = [n for n in observed_cost if (cands[n].work & chosen.work).any() or (cands[n].gap & chosen.gap).any()]
+        shared = [
+            n
+            for n in sorted(observed_cost, key=_name_order)
+            if (cands[n].work & chosen.work).any() or (cands[n].gap & chosen.gap).any()
+        ]
         if shared:
             rest = [_Scenario(~part[n].work, ~part[n].gap) for n in shared]
             for n, t in zip(shared, _run(arrays, rest), strict=True):
@@ -1579,7 +1614,7 @@ def report_from_windows(
             break
         # The biggest saving, then the smallest subset inside it whose own excess explains it
         # (one late rank, not its tensor-parallel group).
-        top_name = max(passing, key=lambda n: savings[n])
+        top_name = min(passing, key=lambda n: (-savings[n], _name_order(n)))
         top, best_saving = cands[top_name], savings[top_name]
         # Inside it, a subset explains it when what it saves falls short of the top's saving by no
         # more than noise can account for in the rest of the top: the single-rank bar times the
@@ -1601,7 +1636,10 @@ def report_from_windows(
         # communicator restores its transfers only, one end of the link all that rank's work, and
         # on a loaded machine that rank's own noise can bring its saving up to the pair's.
         count = arrays["atom_count"]
-        name = min(inside, key=lambda n: (int(count[cands[n].work].sum() + count[cands[n].gap].sum()), -savings[n]))
+        name = min(
+            inside,
+            key=lambda n: (int(count[cands[n].work].sum() + count[cands[n].gap].sum()), -savings[n], _name_order(n)),
+        )
         if name == top_name:
             name = _first_of_union(arrays, cands, passing, savings, top_name, chosen, current, threshold) or name
         consistency = passing[name][1]
@@ -1614,7 +1652,7 @@ def report_from_windows(
         groups.append(
             {
                 "group": name,
-                "ranks": sorted(new_members, key=lambda r: -float(t_restore[f"rank={r}"].sum())),
+                "ranks": sorted(new_members, key=lambda r: (-math.fsum(t_restore[f"rank={r}"]), r)),
                 "saves_ms_per_step": savings[name] / 1e6,
                 "share_of_slowdown": savings[name] * len(current) / excess,
                 "consistency": consistency,
@@ -1663,7 +1701,7 @@ def report_from_windows(
             "ranks": sorted(members),
             "slowdown_ratio": total_actual / float(t_remove[name].sum()),
             "restored_ratio": float(t_restore[name].sum()) / total_ideal,
-            "mean_arrival_score": float(np.mean([index_of.get(m, 0.0) for m in members])),
+            "mean_arrival_score": math.fsum(index_of.get(m, 0.0) for m in sorted(members)) / len(members),
         }
     # straggler_index: share of step time saved were the rank (or the culprit group holding it) not slow.
     saved = {r: 1.0 - float(t_remove[f"rank={r}"].sum()) / total_actual if t_remove else 0.0 for r in ranks_all}
@@ -1687,9 +1725,9 @@ def report_from_windows(
                 "slowdown_ratio_without": total_actual / float(t_out.sum()) if t_out is not None else 1.0,
             }
         )
-    ranks_out.sort(key=lambda x: (-x["straggler_index"], -x["arrival_score"]))
+    ranks_out.sort(key=lambda x: (-x["straggler_index"], -x["arrival_score"], x["rank"]))
     top = (
-        per.sort("score", descending=True)
+        per.sort(["score", "rank"], descending=[True, False], maintain_order=True)
         .group_by("_step", maintain_order=True)
         .agg(top_rank=pl.col("rank").first(), top_score=pl.col("score").first())
     )
