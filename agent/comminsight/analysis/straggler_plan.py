@@ -40,6 +40,7 @@ from comminsight.analysis.stragglers import (
     TIMED,
     JobFacts,
     PreparationPlan,
+    canonical_order,
     instance_steps,
     insufficient,
     next_starts,
@@ -139,7 +140,7 @@ def plan_in_batches(
     values: dict[str, set] = {}
     n_timed, timed_ranks, n_p2p, columns = 0, set(), 0, []
     for i in range(count):
-        df = load(i)
+        df = canonical_order(load(i))  # the whole table's order (prepare_table): batches are whole ranks
         columns = df.columns
         heights.append(df.height)
         coord_parts.append(coordinate_rows(df))
@@ -178,7 +179,7 @@ def plan_in_batches(
     any_step = False
     offset = 0
     for i in range(count):
-        df = load(i).with_row_index("row", offset=offset).with_columns(pl.col("row").cast(pl.Int64))
+        df = canonical_order(load(i)).with_row_index("row", offset=offset).with_columns(pl.col("row").cast(pl.Int64))
         offset += df.height
         if labelled:
             df = df.with_columns(pl.col("step").alias("_step"))

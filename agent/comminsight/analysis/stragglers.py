@@ -86,7 +86,7 @@ REPLAY_COLUMNS = (
 )
 # Columns the windowed preparation reads (matching, statistics, the replay's).
 _WINDOW_COLUMNS = (*REPLAY_COLUMNS, "seq", "peer", "comm_size")
-# The order the analysis puts the operations in (_canonical_order): every column it reads of an operation
+# The order the analysis puts the operations in (canonical_order): every column it reads of an operation
 # (per-communicator facts such as its members are the same on all its rows).
 ORDER_COLUMNS = ("rank", "start_ns", "end_ns", "enqueue_ns", "comm_id", "op", "is_p2p", "seq", "peer", "bytes")
 ORDER_COLUMNS += ("comm_name", "step", "comm_desc", "comm_size", "dp_rank", "pp_rank", "tp_rank", "cp_rank")
@@ -1277,7 +1277,7 @@ class JobFacts:
         )
 
 
-def _canonical_order(df: pl.DataFrame) -> pl.DataFrame:
+def canonical_order(df: pl.DataFrame) -> pl.DataFrame:
     """The operations in one order whatever order the input stored them in (``ORDER_COLUMNS``).
 
     The analysis reads a set of operations, but its row numbers break ties (operations a rank posted at
@@ -1297,7 +1297,7 @@ def prepare_table(table: pa.Table | pl.DataFrame, use_labels: bool = True) -> tu
     """The operations table with its row index (``row``) and steps (``_step``), and the job's facts."""
     df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
-    df = _canonical_order(df).with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
+    df = canonical_order(df).with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
     if df.height == 0:
         raise ValueError("no operations to analyse")
     evidence = _insufficient(df)
