@@ -1170,6 +1170,34 @@ def _slow_without_its_slowest(arrays: dict[str, np.ndarray], ranks: set[int], ex
     return _significant(extra, pooled)
 
 
+def _rest_is_slow(
+    arrays: dict[str, np.ndarray],
+    top: _Candidate,
+    work: np.ndarray,
+    gap: np.ndarray,
+    chosen: _Candidate,
+    part_rate: float,
+) -> bool:
+    """Whether what a part of the top leaves of it (the top's atoms outside ``work`` and ``gap`` and outside the
+    culprits already named) shares the part's slowness: its own excess, against the ranks outside the top, is
+    above noise (as in point 3) and, per rank, at least half the part's (``part_rate``: the measure by which a
+    later round takes a second straggler hidden behind the first).
+
+    A part explains the top only when the rest of the top is not as slow: a slow rank and a slow link leave the
+    healthy ranks of their stage, a slow link leaves its group's ranks' compute. When the rest is as slow, the
+    slowness is the top's (point 4 asks the same of a group without its slowest member), and the top is the
+    answer: the four ranks of a replica computing x1.05 under 5% noise were named as two of them, whose union
+    came within noise of the replica's saving while the other two were nearly as slow.
+    """
+    named = np.isin(arrays["atom_rank"], list(chosen.ranks))
+    rest_work, rest_gap = top.work & ~work & ~named, top.gap & ~gap & ~named
+    ranks = set(np.unique(arrays["atom_rank"][rest_work | rest_gap]).tolist())
+    if not ranks:
+        return False
+    extra, pooled = _rank_excess(arrays, _excess(arrays, rest_work, rest_gap), ranks, chosen.ranks | top.ranks)
+    return float(extra.mean()) / len(ranks) >= 0.5 * part_rate and _significant(extra, pooled)
+
+
 def _first_of_union(
     arrays: dict[str, np.ndarray],
     cands: dict[str, _Candidate],
@@ -1179,6 +1207,7 @@ def _first_of_union(
     chosen: _Candidate,
     current: np.ndarray,
     threshold: float,
+    rate: dict[str, float],
 ) -> str | None:
     """The first of two or more disjoint culprits that together explain the top, or None.
 
@@ -1214,7 +1243,15 @@ def _first_of_union(
         atoms = (top.work | top.gap) & ~np.isin(arrays["atom_rank"], list(chosen.ranks))
         rest = atoms & ~(work | gap)
         allowance = max(np.sqrt(np.unique(arrays["atom_rank"][rest]).size) * threshold, passing[top_name][2])
-        if rest.any() and saving >= savings[top_name] - allowance:
+        # Per rank of the union, its parts' excess (the parts share no rank).
+        union_rate = sum(rate[m] * len(cands[m].ranks - chosen.ranks) for m in taken) / max(
+            len({r for m in taken for r in cands[m].ranks} - chosen.ranks), 1
+        )
+        if (
+            rest.any()
+            and saving >= savings[top_name] - allowance
+            and not _rest_is_slow(arrays, top, work, gap, chosen, union_rate)
+        ):
             return taken[0]
         if len(taken) >= 3:
             break
@@ -1630,7 +1667,7 @@ def report_from_windows(
                 continue
             rest = ((top.work & ~c.work) | (top.gap & ~c.gap)) & ~chosen_events
             allowance = max(np.sqrt(np.unique(arrays["atom_rank"][rest]).size) * threshold, passing[top_name][2])
-            if savings[n] >= best_saving - allowance:
+            if savings[n] >= best_saving - allowance and not _rest_is_slow(arrays, top, c.work, c.gap, chosen, rate[n]):
                 inside.append(n)
         # The smallest by the operations and gaps it restores, not by its ranks: a slow link's
         # communicator restores its transfers only, one end of the link all that rank's work, and
@@ -1641,7 +1678,7 @@ def report_from_windows(
             key=lambda n: (int(count[cands[n].work].sum() + count[cands[n].gap].sum()), -savings[n], _name_order(n)),
         )
         if name == top_name:
-            name = _first_of_union(arrays, cands, passing, savings, top_name, chosen, current, threshold) or name
+            name = _first_of_union(arrays, cands, passing, savings, top_name, chosen, current, threshold, rate) or name
         consistency = passing[name][1]
         c = cands[name]
         new_members = c.ranks - chosen.ranks
