@@ -123,3 +123,23 @@ def plugin() -> Path:
     if build.returncode != 0 and not built.is_file():
         pytest.skip(f"the profiler plugin does not build here: {build.stderr[-400:]}")
     return built
+
+
+RECORDED_KINETO = Path(__file__).resolve().parent / "data" / "kineto_gpu_lab_8rank"
+
+
+@pytest.fixture
+def recorded_kineto(tmp_path: Path) -> tuple[Path, dict]:
+    """The Kineto traces recorded on a real GPU (8 NCCL ranks, one made slow on purpose) copied into a folder of
+    their own (without the folder's notes and meta.json beside them, as a user's trace folder holds them), and
+    their meta.json (the injected rank: ``ground_truth.slow_rank``). Skipped where the checkout lacks them."""
+    import json
+    import shutil
+
+    if not (RECORDED_KINETO / "meta.json").is_file():
+        pytest.skip("recorded Kineto traces are not in this checkout")
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for path in RECORDED_KINETO.glob("*.pt.trace.json.gz"):
+        shutil.copy(path, traces / path.name)
+    return traces, json.loads((RECORDED_KINETO / "meta.json").read_text())

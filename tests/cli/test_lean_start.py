@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import comminsight_inject
-import pytest
 
 import comminsight
-
-RECORDED = Path(__file__).resolve().parents[1] / "data" / "kineto_gpu_lab_8rank"
 
 # Prints, at exit, the modules the process imported: at the interpreter's exit, or at the hard exit
 # of a report command (os._exit skips atexit).
@@ -33,12 +29,14 @@ _REPORT = (
 )
 
 
-def _run(code: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], set[str]]:
-    # A stand-in pandas that fails loudly when imported: the command must not import it, even where
-    # pandas is installed (as it is beside HolisticTraceAnalysis).
+def _run(
+    code: str, tmp_path: Path, pandas: str = "raise RuntimeError('pandas was imported')\n"
+) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    # A stand-in pandas (``pandas``: its code) that by default fails loudly when imported: the command must not
+    # import it, even where pandas is installed (as it is beside HolisticTraceAnalysis).
     fake = tmp_path / "fake_site" / "pandas"
     fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise RuntimeError('pandas was imported')\n")
+    (fake / "__init__.py").write_text(pandas)
     path = [str(fake.parent), str(Path(comminsight.__file__).parents[1])]
     path.append(str(Path(comminsight_inject.__file__).parents[1]))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
@@ -57,13 +55,8 @@ def test_starting_the_command_line_loads_no_analysis_library(tmp_path: Path) -> 
     assert {m for m in modules if m.startswith(("comminsight.simulator", "comminsight.agent."))} == set()
 
 
-def test_analyze_stragglers_on_kineto_traces_loads_only_what_it_uses(tmp_path: Path) -> None:
-    if not (RECORDED / "meta.json").is_file():
-        pytest.skip("recorded Kineto traces are not in this checkout")
-    traces = tmp_path / "traces"
-    traces.mkdir()
-    for path in RECORDED.glob("*.pt.trace.json.gz"):
-        shutil.copy(path, traces / path.name)
+def test_analyze_stragglers_on_kineto_traces_loads_only_what_it_uses(recorded_kineto, tmp_path: Path) -> None:
+    traces, meta = recorded_kineto
     done, modules = _run(
         "import sys\n"
         "from comminsight.cli import main\n"
@@ -72,7 +65,6 @@ def test_analyze_stragglers_on_kineto_traces_loads_only_what_it_uses(tmp_path: P
         tmp_path,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    meta = json.loads((RECORDED / "meta.json").read_text())
     assert json.loads(done.stdout)["culprits"] == [meta["ground_truth"]["slow_rank"]]
     # What the analysis needs...
     assert {"pyarrow", "polars", "numpy", "msgspec", "comminsight.importers.kineto"} <= modules
@@ -110,3 +102,22 @@ def test_a_report_command_ends_with_its_own_exit_status_and_error_line(tmp_path:
     assert done.stdout == ""
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: {missing}: no such file or directory"]
+
+
+def test_commands_other_than_analyze_leave_pandas_importable(tmp_path: Path) -> None:
+    # Only the analyze commands run without pandas (their fast start): another command may run code of the user's
+    # that imports it (here, after the command returns, in the same process).
+    done, modules = _run(
+        "import sys\n"
+        "from comminsight.cli import main\n"
+        "sys.argv = ['comminsight', 'logs', '--help']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "import pandas\n",
+        tmp_path,
+        pandas="",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "pandas" in modules

@@ -7,30 +7,14 @@ the injected rank is read from the folder's meta.json, never written here.
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from comminsight.cli import app
 
-RECORDED = Path(__file__).resolve().parents[1] / "data" / "kineto_gpu_lab_8rank"
 
-
-@pytest.fixture
-def recorded_traces(tmp_path: Path) -> tuple[Path, dict]:
-    if not (RECORDED / "meta.json").is_file():
-        pytest.skip("recorded Kineto traces are not in this checkout")
-    traces = tmp_path / "traces"
-    traces.mkdir()
-    for path in RECORDED.glob("*.pt.trace.json.gz"):
-        shutil.copy(path, traces / path.name)
-    return traces, json.loads((RECORDED / "meta.json").read_text())
-
-
-def test_the_kineto_import_of_a_real_8_rank_job_names_the_injected_slow_rank_and_nobody_else(recorded_traces) -> None:
-    traces, meta = recorded_traces
+def test_the_kineto_import_of_a_real_8_rank_job_names_the_injected_slow_rank_and_nobody_else(recorded_kineto) -> None:
+    traces, meta = recorded_kineto
     result = CliRunner().invoke(app, ["analyze", "stragglers", str(traces), "--format", "json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)

@@ -37,9 +37,10 @@ class _WithoutPandas:
     """An import finder that answers "not installed" for pandas.
 
     pyarrow imports pandas, when it is installed, on its first conversion of Python or numpy values
-    (to recognise pandas inputs): about 0.25 s of CPU, a third of a small analysis. The command line
-    never gives pyarrow a pandas object and pandas is not one of its dependencies, so it runs as where
-    pandas is absent. Only the ``comminsight`` process does: importing this package changes nothing.
+    (to recognise pandas inputs): about 0.25 s of CPU, a third of a small analysis. The report commands
+    (``_REPORT_GROUPS``) never give pyarrow a pandas object and pandas is not one of their dependencies, so
+    they run as where pandas is absent. Only those commands of the ``comminsight`` process do: other commands
+    may run code of the user's that imports pandas, and importing this package changes nothing.
     """
 
     @staticmethod
@@ -50,7 +51,7 @@ class _WithoutPandas:
 
 
 # Command groups that print a report and hold nothing else when they return: no threads, child
-# processes, temporary files or buffered logs.
+# processes, temporary files or buffered logs. They run without pandas and end without the interpreter's teardown.
 _REPORT_GROUPS = frozenset({"analyze"})
 
 
@@ -71,12 +72,13 @@ def _exit_now(code: int) -> NoReturn:
 
 def main() -> None:
     """Entry point of the ``comminsight`` console script."""
-    if "pandas" not in sys.modules:
+    report = bool(sys.argv[1:2]) and sys.argv[1] in _REPORT_GROUPS
+    if report and "pandas" not in sys.modules:
         sys.meta_path.insert(0, _WithoutPandas())
     try:
         app()
     except SystemExit as done:
-        if sys.argv[1:2] and sys.argv[1] in _REPORT_GROUPS and (done.code is None or isinstance(done.code, int)):
+        if report and (done.code is None or isinstance(done.code, int)):
             _exit_now(done.code or 0)
         raise
 
