@@ -302,13 +302,6 @@ def test_a_large_partitioned_steps_run_stores_the_whole_tables_per_step_summarie
     assert any(step["summary"]["exposed_wait_ms_mean"] > 0 for step in job.result["steps"])
 
 
-def test_a_steps_run_of_an_empty_store_fails_like_the_whole_table(personas, settings):
-    job = services.analysis_request(personas.workload, "steps", personas.alice).job
-    job.refresh_from_db()
-    assert job.state == JobState.FAILED
-    assert job.error == "ValueError: no operations have been ingested for this workload yet"
-
-
 def wider_megatron_table() -> pa.Table:
     # 16 ranks: the store lists rank-10 .. rank-15 before rank-2, the whole table is read in rank order.
     table = synthetic.table("megatron", slow_comms={"tp.d1p1": 4.0}, dp=4, steps=4)
@@ -333,8 +326,9 @@ def test_a_stragglers_run_maps_step_windows_and_stores_the_whole_table_result(
     assert object_store().list(f"analysis-runs/job-{job.pk}") == []
 
 
-def test_a_stragglers_run_of_an_empty_store_fails_like_the_whole_table(personas, settings):
-    job = services.analysis_request(personas.workload, "stragglers", personas.alice).job
+@pytest.mark.parametrize("kind", ["steps", "stragglers"])
+def test_a_partitioned_run_of_an_empty_store_fails_like_the_whole_table(personas, settings, kind):
+    job = services.analysis_request(personas.workload, kind, personas.alice).job
     job.refresh_from_db()
     assert job.state == JobState.FAILED
     assert job.error == "ValueError: no operations have been ingested for this workload yet"

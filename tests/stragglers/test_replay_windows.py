@@ -37,18 +37,19 @@ def _report_with_windows(table: pl.DataFrame, events: int, monkeypatch: pytest.M
     return analyse_stragglers(table).to_dict(), len(planned)
 
 
-def _generated(tmp_path: Path) -> pl.DataFrame:
-    job = generate(Layout(tp=2, pp=2, dp=2), steps=6, faults=(Fault("compute", {"dp": 1}, factor=2.0),), seed=2)
-    job.write(tmp_path / "job.parquet")
-    table = pl.from_arrow(load(tmp_path / "job.parquet"))
+def _read(path: Path) -> pl.DataFrame:
+    table = pl.from_arrow(load(path))
     assert isinstance(table, pl.DataFrame)
     return table
+
+
+def _generated(tmp_path: Path) -> pl.DataFrame:
+    job = generate(Layout(tp=2, pp=2, dp=2), steps=6, faults=(Fault("compute", {"dp": 1}, factor=2.0),), seed=2)
+    return _read(job.write(tmp_path / "job.parquet"))
 
 
 def _recorded(tmp_path: Path) -> pl.DataFrame:
-    table = pl.from_arrow(load(RECORDED))
-    assert isinstance(table, pl.DataFrame)
-    return table
+    return _read(RECORDED)
 
 
 @pytest.mark.parametrize("source", [_generated, _recorded], ids=["generated-compute-rows", "recorded-kineto"])
@@ -132,16 +133,11 @@ def _generated_pipeline(tmp_path: Path) -> pl.DataFrame:
     job = generate(
         Layout(pp=2, dp=4), steps=6, faults=(Fault("compute", {"pp": 1}, factor=1.4, phase="backward"),), seed=3
     )
-    job.write(tmp_path / "pipeline.parquet")
-    table = pl.from_arrow(load(tmp_path / "pipeline.parquet"))
-    assert isinstance(table, pl.DataFrame)
-    return table
+    return _read(job.write(tmp_path / "pipeline.parquet"))
 
 
 def _simulated(tmp_path: Path) -> pl.DataFrame:
-    table = pl.from_arrow(load(SIMULATED))
-    assert isinstance(table, pl.DataFrame)
-    return table
+    return _read(SIMULATED)
 
 
 @pytest.mark.parametrize("use_labels", [True, False], ids=["step-labels", "recovered-steps"])
