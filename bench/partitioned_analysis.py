@@ -19,7 +19,7 @@ Stragglers (``--kinds stragglers``; the job has no step labels and no compute ro
 the compute): their chord, as ``apps.analysis.partitions`` runs it (planning: two passes over batches of whole
 ranks of up to ``--partition-rows`` rows, ``plan_in_batches``, then each window of whole steps written; one map
 task per window; the reduce), each task in a fresh worker for
-its own peak, then the whole-table task in a fresh worker; the reports must be equal (1e-9).
+its own peak, then the whole-table task in a fresh worker; the reports must be equal, to the bit.
 
 Tasks run in long-lived worker processes, as Celery's are (started and warmed up - libraries imported -
 before the clock starts); a worker's peak RSS over the tasks it ran bounds each of its tasks' peaks, the
@@ -446,104 +446,85 @@ def _load_doc(prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return doc, {name: pl.read_parquet(f"{prefix}-{name}.parquet") for name in doc.pop("_frames")}
 
 
-def stragglers_plan_task(files: list[str], max_rows: int, out: str) -> tuple[int, float, float, float]:
+def _stragglers_plan(files: list[str], max_rows: int, out: str) -> int:
     """The stragglers chord's planning (as ``apps.analysis.partitions`` runs it): two passes over batches of whole
-    ranks (``plan_in_batches``), then each window's rows written. (windows, seconds, peak before, peak)."""
-    before = _peak_mib()
+    ranks (``plan_in_batches``), then each window's rows written; the number of windows."""
+    from comminsight.analysis.straggler_plan import (
+        PLAN_BATCH_ROWS,
+        PLAN_COLUMNS,
+        LocalScratch,
+        plan_in_batches,
+        write_window,
+    )
 
-    def work() -> int:
-        from comminsight.analysis.straggler_plan import (
-            PLAN_BATCH_ROWS,
-            PLAN_COLUMNS,
-            LocalScratch,
-            plan_in_batches,
-            write_window,
-        )
+    # Whole ranks, as the site batches them.
+    batches = [part[0] for part in plan("hang", files, min(max_rows, PLAN_BATCH_ROWS))]
+    columns = [c for c in PLAN_COLUMNS if c in SCHEMA.names]  # only what planning reads
 
-        # Whole ranks, as the site batches them.
-        batches = [part[0] for part in plan("hang", files, min(max_rows, PLAN_BATCH_ROWS))]
-        columns = [c for c in PLAN_COLUMNS if c in SCHEMA.names]  # only what planning reads
+    def load(i: int) -> pl.DataFrame:
+        frame = pl.from_arrow(ds.dataset(batches[i], format="parquet", schema=SCHEMA).to_table(columns=columns))
+        assert isinstance(frame, pl.DataFrame)
+        return frame
 
-        def load(i: int) -> pl.DataFrame:
-            frame = pl.from_arrow(ds.dataset(batches[i], format="parquet", schema=SCHEMA).to_table(columns=columns))
-            assert isinstance(frame, pl.DataFrame)
-            return frame
-
-        scratch = LocalScratch(f"{out}-scratch")
-        planned = plan_in_batches(len(batches), load, scratch, max_rows=max_rows)
-        for i in range(len(planned.plan.windows)):
-            write_window(scratch, planned, i, f"{out}-window-{i:06d}.parquet")
-        _store_doc(f"{out}-plan", *planned.plan.to_stored())
-        _store_doc(f"{out}-facts", *planned.facts.to_stored())
-        return len(planned.plan.windows)
-
-    n, took, peak = _timed(work)
-    return n, took, before, peak
+    scratch = LocalScratch(f"{out}-scratch")
+    planned = plan_in_batches(len(batches), load, scratch, max_rows=max_rows)
+    for i in range(len(planned.plan.windows)):
+        write_window(scratch, planned, i, f"{out}-window-{i:06d}.parquet")
+    _store_doc(f"{out}-plan", *planned.plan.to_stored())
+    _store_doc(f"{out}-facts", *planned.facts.to_stored())
+    return len(planned.plan.windows)
 
 
-def stragglers_whole_plan_task(files: list[str], max_rows: int, out: str) -> tuple[list, float, float, float]:
+def _stragglers_whole_plan(files: list[str], max_rows: int, out: str) -> list:
     """The planning over the whole table (``prepare_table``, ``plan_preparation``), as the chord planned before
-    ``plan_in_batches``: (windows, seconds, peak before, peak), for ``--plan-only``'s comparison."""
-    before = _peak_mib()
+    ``plan_in_batches``, for ``--plan-only``'s comparison; the windows."""
+    from comminsight.analysis import stragglers as st
 
-    def work() -> list:
-        from comminsight.analysis import stragglers as st
-
-        df, facts = st.prepare_table(ds.dataset(files, format="parquet", schema=SCHEMA).to_table())
-        plan = st.plan_preparation(df, prepare=facts.evidence is None, max_rows=max_rows)
-        for i in range(len(plan.windows)):
-            st.window_rows(df, plan, i).write_parquet(f"{out}-whole-window-{i:06d}.parquet")
-        return plan.windows
-
-    windows, took, peak = _timed(work)
-    return windows, took, before, peak
+    df, facts = st.prepare_table(ds.dataset(files, format="parquet", schema=SCHEMA).to_table())
+    plan = st.plan_preparation(df, prepare=facts.evidence is None, max_rows=max_rows)
+    for i in range(len(plan.windows)):
+        st.window_rows(df, plan, i).write_parquet(f"{out}-whole-window-{i:06d}.parquet")
+    return plan.windows
 
 
-def stragglers_map_task(out: str, index: int) -> tuple[None, float, float, float]:
+def _stragglers_map(out: str, index: int) -> None:
     """One window prepared and its part written (a map task of the stragglers chord)."""
+    from comminsight.analysis import stragglers as st
+
+    plan = st.PreparationPlan.from_stored(*_load_doc(f"{out}-plan"))
+    part = st.prepare_window(pl.read_parquet(f"{out}-window-{index:06d}.parquet"), plan, index)
+    for name, frame in part.to_frames().items():
+        frame.write_parquet(f"{out}-part-{index:06d}-{name}.parquet")
+
+
+def _stragglers_reduce(out: str, windows: int) -> str:
+    """The windows' parts merged into the report (the stragglers chord's reduce), as JSON."""
+    from comminsight.analysis import stragglers as st
+
+    plan = st.PreparationPlan.from_stored(*_load_doc(f"{out}-plan"))
+    facts = st.JobFacts.from_stored(*_load_doc(f"{out}-facts"))
+    names = ("per", "late", "edges", "columns", "vocab", "meta")
+    parts = [
+        st.WindowPart.from_frames({n: pl.read_parquet(f"{out}-part-{i:06d}-{n}.parquet") for n in names})
+        for i in range(windows)
+    ]
+    return json.dumps(st.report_from_windows(facts, plan, parts).to_dict(), default=str)
+
+
+STRAGGLERS_PHASES: dict[str, Callable[..., Any]] = {
+    "plan": _stragglers_plan,
+    "whole-plan": _stragglers_whole_plan,
+    "map": _stragglers_map,
+    "reduce": _stragglers_reduce,
+}
+
+
+def stragglers_task(phase: str, *args: Any) -> tuple[Any, float, float, float]:
+    """One task of the stragglers chord (``phase``, a key of ``STRAGGLERS_PHASES``, with its arguments), measured
+    in its worker: (its result, seconds, peak RSS before the task, peak RSS)."""
     before = _peak_mib()
-
-    def work() -> None:
-        from comminsight.analysis import stragglers as st
-
-        plan = st.PreparationPlan.from_stored(*_load_doc(f"{out}-plan"))
-        part = st.prepare_window(pl.read_parquet(f"{out}-window-{index:06d}.parquet"), plan, index)
-        for name, frame in part.to_frames().items():
-            frame.write_parquet(f"{out}-part-{index:06d}-{name}.parquet")
-
-    _, took, peak = _timed(work)
-    return None, took, before, peak
-
-
-def stragglers_reduce_task(out: str, windows: int) -> tuple[str, float, float, float]:
-    """The windows' parts merged into the report (the stragglers chord's reduce)."""
-    before = _peak_mib()
-
-    def work() -> str:
-        from comminsight.analysis import stragglers as st
-
-        plan = st.PreparationPlan.from_stored(*_load_doc(f"{out}-plan"))
-        facts = st.JobFacts.from_stored(*_load_doc(f"{out}-facts"))
-        names = ("per", "late", "edges", "columns", "vocab", "meta")
-        parts = [
-            st.WindowPart.from_frames({n: pl.read_parquet(f"{out}-part-{i:06d}-{n}.parquet") for n in names})
-            for i in range(windows)
-        ]
-        return json.dumps(st.report_from_windows(facts, plan, parts).to_dict(), default=str)
-
-    report, took, peak = _timed(work)
-    return report, took, before, peak
-
-
-def _close(a: Any, b: Any) -> bool:
-    """Equal reports up to the last bits of float sums taken in another order (1e-9 relative)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) and isinstance(b, float):
-        return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1.0)
-    return a == b
+    result, took, peak = _timed(lambda: STRAGGLERS_PHASES[phase](*args))
+    return result, took, before, peak
 
 
 def run_stragglers_chord(files: list[str], max_rows: int, scratch: Path) -> dict[str, Any]:
@@ -551,11 +532,11 @@ def run_stragglers_chord(files: list[str], max_rows: int, scratch: Path) -> dict
     out = str(scratch / "stragglers")
     t0 = time.perf_counter()
     with warm_pool(1, fresh=True) as pool:
-        windows, plan_s, plan_before, plan_peak = pool.submit(stragglers_plan_task, files, max_rows, out).result()
+        windows, plan_s, plan_before, plan_peak = pool.submit(stragglers_task, "plan", files, max_rows, out).result()
     with warm_pool(1, fresh=True) as pool:
-        maps = list(pool.map(stragglers_map_task, [out] * windows, range(windows)))
+        maps = list(pool.map(stragglers_task, ["map"] * windows, [out] * windows, range(windows)))
     with warm_pool(1, fresh=True) as pool:
-        report, reduce_s, reduce_before, reduce_peak = pool.submit(stragglers_reduce_task, out, windows).result()
+        report, reduce_s, reduce_before, reduce_peak = pool.submit(stragglers_task, "reduce", out, windows).result()
     return {
         "report": report,
         "wall_s": time.perf_counter() - t0,
@@ -599,7 +580,9 @@ def main() -> None:
             if kind in WHOLE_ONLY and args.plan_only:
                 out = str(root / "stragglers")
                 with warm_pool(1, fresh=True) as pool:
-                    n, took, before, peak = pool.submit(stragglers_plan_task, files, args.partition_rows, out).result()
+                    n, took, before, peak = pool.submit(
+                        stragglers_task, "plan", files, args.partition_rows, out
+                    ).result()
                 if args.no_whole:
                     print(
                         f"\n{kind} planning in batches of whole ranks, in a fresh worker: {took:.1f} s"
@@ -610,7 +593,7 @@ def main() -> None:
                     continue
                 with warm_pool(1, fresh=True) as pool:
                     windows, whole_s, whole_before, whole_peak = pool.submit(
-                        stragglers_whole_plan_task, files, args.partition_rows, out
+                        stragglers_task, "whole-plan", files, args.partition_rows, out
                     ).result()
                 print(
                     f"\n{kind} planning, each in a fresh worker (growth over its warmed start): in batches of whole"
@@ -656,7 +639,7 @@ def main() -> None:
                     f" ratio x{summary['slowdown']['ratio']:.3f}",
                     flush=True,
                 )
-                assert _close(json.loads(chord["report"]), summary), f"{kind}: the chord's report differs"
+                assert json.loads(chord["report"]) == summary, f"{kind}: the chord's report differs"
                 print(f"{kind}: the chord's report equals the whole-table task's")
                 continue
             if not args.no_whole:
