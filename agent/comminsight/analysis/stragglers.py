@@ -1178,23 +1178,26 @@ def _rest_is_slow(
     chosen: _Candidate,
     part_rate: float,
 ) -> bool:
-    """Whether what a part of the top leaves of it (the top's atoms outside ``work`` and ``gap`` and outside the
-    culprits already named) shares the part's slowness: its own excess, against the ranks outside the top, is
-    above noise (as in point 3) and, per rank, at least half the part's (``part_rate``: the measure by which a
-    later round takes a second straggler hidden behind the first).
+    """Whether the ranks of the top that a part of it (``work``, ``gap``: its atoms) leaves out share its slowness:
+    their own excess, against the ranks outside the top, is above noise (as in point 3) and, per rank, at least
+    half the part's (``part_rate``: the measure by which a later round takes a second straggler hidden behind the
+    first). Whole ranks only, as the reference is: a rank with some atoms in the part (one end of a slow link) is
+    the part's, and a rank's other atoms compared with whole ranks outside would read the part's key shared with
+    them (a slow link's collectives against the same collectives of healthy groups) as their own excess.
 
     A part explains the top only when the rest of the top is not as slow: a slow rank and a slow link leave the
-    healthy ranks of their stage, a slow link leaves its group's ranks' compute. When the rest is as slow, the
-    slowness is the top's (point 4 asks the same of a group without its slowest member), and the top is the
-    answer: the four ranks of a replica computing x1.05 under 5% noise were named as two of them, whose union
-    came within noise of the replica's saving while the other two were nearly as slow.
+    healthy ranks of their stage. When the rest is as slow, the slowness is the top's (point 4 asks the same of a
+    group without its slowest member), and the top is the answer: the four ranks of a replica computing x1.05
+    under 5% noise were named as two of them, whose union came within noise of the replica's saving while the
+    other two were nearly as slow.
     """
-    named = np.isin(arrays["atom_rank"], list(chosen.ranks))
-    rest_work, rest_gap = top.work & ~work & ~named, top.gap & ~gap & ~named
-    ranks = set(np.unique(arrays["atom_rank"][rest_work | rest_gap]).tolist())
+    ranks = top.ranks - set(np.unique(arrays["atom_rank"][work | gap]).tolist()) - chosen.ranks
     if not ranks:
         return False
-    extra, pooled = _rank_excess(arrays, _excess(arrays, rest_work, rest_gap), ranks, chosen.ranks | top.ranks)
+    rows = np.isin(arrays["atom_rank"], list(ranks))
+    extra, pooled = _rank_excess(
+        arrays, _excess(arrays, top.work & rows, top.gap & rows), ranks, chosen.ranks | top.ranks
+    )
     return float(extra.mean()) / len(ranks) >= 0.5 * part_rate and _significant(extra, pooled)
 
 
