@@ -4,9 +4,9 @@ and peak memory per task.
 Writes a synthetic job into a store laid out as the site keeps it (``store/node-<n>/rank-<r>/s.parquet``):
 ``--ranks`` ranks, 8 per node, laid out TP 8 x PP 8 x DP (ranks / 64) (rank = dp * 64 + pp * 8 + tp). Each
 rank repeats a 64-operation step: 48 all-reduces on its tensor-parallel group, 15 on its data-parallel group,
-one on the world (sizes 1 KiB-64 MiB), ``--ops`` operations in all, ending on a world all-reduce; rank 7
-stops before its last one (a hang: every other rank waits in it). Each rank's table is built with numpy and
-written straight to its Parquet object. Then, in the same run:
+one on the world (sizes 1 KiB-64 MiB by place in the step, the same every step), ``--ops`` operations in all,
+ending on a world all-reduce; rank 7 stops before its last one (a hang: every other rank waits in it). Each rank's
+table is built with numpy and written straight to its Parquet object. Then, in the same run:
 
   - whole:       one process reads every file and runs the analysis (what a single job task did);
                  ``--no-whole`` leaves it out (a job too large for one process: the point of partitioning);
@@ -79,7 +79,9 @@ def rank_table(rank: int, ranks: int, ops: int) -> pa.Table:
     tp_group, dp_group = rank // TP, rank % 64  # DP: the ranks of the same (pp, tp) place
     dp_size = max(ranks // 64, 1)
     size = np.array([TP, dp_size, ranks], np.int32)[kind]
-    size_exp = 10 + (seq % 17)  # 1 KiB .. 64 MiB
+    # 1 KiB .. 64 MiB by place in the step: every step repeats the same collectives with the same sizes, as
+    # training does (sizes cycling with each communicator's count made the program repeat only every 17 steps).
+    size_exp = 10 + (i % STEP_OPS) % 17
     nbytes = (1 << size_exp).astype(np.int64)
     start = 1_700_000_000_000_000_000 + i * 100_000 + rng.integers(0, 5_000, ops)
     end = start + 20_000 + nbytes // 50
