@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from itertools import pairwise
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -26,6 +27,7 @@ from comminsight.semantic import (
 )
 from comminsight.semantic.engine import summaries_frame
 from comminsight.semantic.steps import run_engine
+from comminsight.simulator.tracegen import Layout, generate
 
 
 def _unlabelled(layout: str, **kwargs) -> tuple[pl.DataFrame, np.ndarray]:
@@ -291,3 +293,59 @@ def test_steps_command_rejects_a_bad_template_file_without_running(tmp_path, byt
     )
     assert result.exit_code == 2
     assert "class" in result.output
+
+
+def _steps_document(df: pl.DataFrame, **options) -> dict:
+    """What a user reads of the steps of ``df`` (whose ``_id`` names each row): the report, and each row's step."""
+    report = recover_steps(df, **options)
+    ids = df.get_column("_id").to_numpy()[report.event_rows]
+    return {
+        "method": report.method,
+        "methods": report.methods_by_rank,
+        "steps": report.steps,
+        "agreement": report.agreement,
+        "rank_steps": report.rank_steps.to_dicts(),
+        "row_steps": sorted(zip(ids.tolist(), report.event_steps.tolist(), strict=True)),
+    }
+
+
+def _generated(layout: Layout, tmp_path: Path) -> pl.DataFrame:
+    """A generated job's communication without coordinates (roles from the communicators' shape)."""
+    path = tmp_path / "comm.parquet"
+    job = generate(layout, steps=6, seed=3)
+    job.communication_only().drop("cp_rank", "dp_rank", "stage", "tp_rank").write_parquet(path)
+    df = pl.from_arrow(load(path))
+    assert isinstance(df, pl.DataFrame)
+    return df
+
+
+SOURCES = {
+    **{f"{layout}, labelled": (layout, True) for layout in ("ddp", "fsdp", "megatron")},
+    **{f"{layout}, unlabelled": (layout, False) for layout in ("ddp", "fsdp", "megatron")},
+    # Read in the input's own order, these once gave other roles and steps when their rows were shuffled.
+    "generated DP8xPP8, 8 micro-batches": (Layout(pp=8, dp=8, microbatches=8), False),
+    "generated TP2xPP8xDP2 interleaved": (Layout(tp=2, pp=8, dp=2, microbatches=8, virtual=2), False),
+}
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_shuffled_rows_and_rows_in_reverse_rank_order_give_the_same_steps(source: str, tmp_path: Path) -> None:
+    layout, labelled = SOURCES[source]
+    if isinstance(layout, Layout):
+        df = _generated(layout, tmp_path)
+    else:
+        df = pl.from_arrow(synthetic.table(layout, slow={1: 1.3}, seed=3))
+        assert isinstance(df, pl.DataFrame)
+    df = df.with_row_index("_id")
+    if not labelled:
+        df = df.with_columns(step=pl.lit(None, dtype=pl.Int64))
+    expected = _steps_document(df, compute_waits=True)
+    assert expected["steps"]
+    for seed in (7, 8):
+        assert _steps_document(df.sample(fraction=1.0, shuffle=True, seed=seed), compute_waits=True) == expected
+    assert _steps_document(df.sort("rank", descending=True, maintain_order=True), compute_waits=True) == expected
+    # Waiting given in the input's own order goes with its rows.
+    wait = np.arange(df.height, dtype=np.int64) % 5_000
+    expected = _steps_document(df, wait_ns=wait)
+    shuffled = df.sample(fraction=1.0, shuffle=True, seed=7)
+    assert _steps_document(shuffled, wait_ns=wait[shuffled.get_column("_id").to_numpy()]) == expected

@@ -40,7 +40,6 @@ from comminsight.analysis.stragglers import (
     TIMED,
     JobFacts,
     PreparationPlan,
-    canonical_order,
     instance_steps,
     insufficient,
     next_starts,
@@ -49,6 +48,7 @@ from comminsight.analysis.stragglers import (
     window_bounds,
 )
 from comminsight.semantic.matching import p2p_pairs
+from comminsight.semantic.order import canonical_order
 from comminsight.semantic.roles import coordinate_rows, infer_coordinates, infer_roles
 from comminsight.semantic.steps import recover_steps
 

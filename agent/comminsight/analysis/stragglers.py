@@ -60,6 +60,7 @@ from comminsight.analysis.replay import run as _run
 from comminsight.analysis.replay import step_times as _step_times
 from comminsight.analysis.replay import step_windows
 from comminsight.semantic.matching import match_operations, p2p_pairs
+from comminsight.semantic.order import canonical_order
 from comminsight.semantic.roles import infer_coordinates, infer_roles
 
 COORDS = ("dp_rank", "pp_rank", "tp_rank", "cp_rank")
@@ -86,10 +87,6 @@ REPLAY_COLUMNS = (
 )
 # Columns the windowed preparation reads (matching, statistics, the replay's).
 _WINDOW_COLUMNS = (*REPLAY_COLUMNS, "seq", "peer", "comm_size")
-# The order the analysis puts the operations in (canonical_order): every column it reads of an operation
-# (per-communicator facts such as its members are the same on all its rows).
-ORDER_COLUMNS = ("rank", "start_ns", "end_ns", "enqueue_ns", "comm_id", "op", "is_p2p", "seq", "peer", "bytes")
-ORDER_COLUMNS += ("comm_name", "step", "comm_desc", "comm_size", "dp_rank", "pp_rank", "tp_rank", "cp_rank")
 PREPARE_ROWS = 1 << 15  # rows per preparation window of whole steps (at least one step)
 WAIT_CLOCK_SLACK_NS = 50_000  # CPU issue times and GPU end times come from different clocks
 
@@ -1315,22 +1312,6 @@ class JobFacts:
             infer=bool(doc["infer"]),
             inferred=frames.get("inferred"),
         )
-
-
-def canonical_order(df: pl.DataFrame) -> pl.DataFrame:
-    """The operations in one order whatever order the input stored them in (``ORDER_COLUMNS``).
-
-    The analysis reads a set of operations, but its row numbers break ties (operations a rank posted at
-    the same instant, the first row of a communicator): the rows of one job read as one table, or one
-    file per archive and rank (the partitioned run), or shuffled, must give the same report to the bit.
-    Rows equal in every ordered column are the same operation to the analysis. No copy when already in
-    that order (importers write ranks in time order).
-    """
-    keys = [c for c in ORDER_COLUMNS if c in df.columns]
-    order = df.select(pl.arg_sort_by(keys, nulls_last=True, maintain_order=True)).to_series()
-    if order.is_sorted():
-        return df
-    return df[order]
 
 
 def prepare_table(table: pa.Table | pl.DataFrame, use_labels: bool = True) -> tuple[pl.DataFrame, JobFacts]:

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from comminsight.semantic.engine import StepEngine, summaries_frame
 from comminsight.semantic.matching import match_operations
+from comminsight.semantic.order import canonical_permutation
 from comminsight.semantic.roles import OP_CODE, ROLE_CODE, ROLES, infer_roles, roles_from_shape_alone, signatures
 from comminsight.semantic.templates import Template
 
@@ -192,9 +193,18 @@ def recover_steps(
     A part of a job (whole ranks, ``comminsight.analysis.partitioned``) gives the job's ``roles`` and ``wait_ns``, and
     ``shape_alone``: whether the job's roles come from the communicators' shape alone (``roles_from_shape_alone`` of
     the whole job; None: of ``table``).
+
+    The rows are read in one order whatever order ``table`` stores them in (``canonical_order``; ``wait_ns`` is
+    in ``table``'s order and goes with its rows): shuffled rows give the same report. ``event_rows`` index
+    ``table`` as given.
     """
     df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
+    order = canonical_permutation(df)
+    if order is not None:
+        df = df[order]
+        if wait_ns is not None:
+            wait_ns = np.asarray(wait_ns)[order.to_numpy()]
     if wait_ns is None and compute_waits:
         matched = match_operations(df.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64)))
         wait_ns = matched.get_column("wait_ns").to_numpy()
@@ -220,6 +230,8 @@ def recover_steps(
     if "step" in df.columns and df.get_column("step").null_count() == 0 and rows.size:
         labels = df.get_column("step").to_numpy()[rows]
         report.agreement = agreement_with_labels(labels, steps)
+    if order is not None:  # back to the caller's rows
+        report.event_rows = order.to_numpy()[rows]
     return report
 
 
