@@ -207,6 +207,7 @@ def map_task(
             evidence.role_rows.write_parquet(f"{out}-roles.parquet")
             evidence.instances.write_parquet(f"{out}-instances.parquet")
             evidence.p2p.write_parquet(f"{out}-p2p.parquet")
+            Path(f"{out}-shape.json").write_text(json.dumps({"shape_alone": evidence.shape_alone}))
             return
         if kind == "steps":  # stage 2, with stage 1's merge (written next to the partitions' summaries)
             run = Path(out).parent / Path(out).name.rsplit("-", 1)[0]
@@ -217,7 +218,7 @@ def map_task(
             instances = pl.from_arrow(ds.dataset(f"{run}-links-instances.parquet").to_table(filter=where))
             index = int(Path(out).name.rsplit("-", 1)[1])
             waits = pl.read_parquet(f"{run}-links-p2p.parquet").filter(pl.col("part") == index)
-            part = steps_map(table, links["roles"], instances, waits, links["shared"])
+            part = steps_map(table, links["roles"], instances, waits, links["shared"], shape_alone=links["shape_alone"])
             part.rank_steps.write_parquet(f"{out}-steps.parquet")
             Path(f"{out}-methods.json").write_text(json.dumps({str(k): v for k, v in part.methods.items()}))
             return
@@ -266,13 +267,15 @@ def reduce_task(kind: str, outs: list[str], stage: int = 1) -> tuple[str, float,
 
             def evidence(i: int) -> StepsEvidence:
                 return StepsEvidence(
-                    *(pl.read_parquet(f"{outs[i]}-{n}.parquet") for n in ("roles", "instances", "p2p"))
+                    *(pl.read_parquet(f"{outs[i]}-{n}.parquet") for n in ("roles", "instances", "p2p")),
+                    json.loads(Path(f"{outs[i]}-shape.json").read_text())["shape_alone"],
                 )
 
             links = steps_links(len(outs), evidence)
             links.instances.write_parquet(f"{run}-links-instances.parquet", row_group_size=1 << 16)
             links.p2p_waits.write_parquet(f"{run}-links-p2p.parquet")
-            Path(f"{run}-links-roles.json").write_text(json.dumps({"roles": links.roles, "shared": links.shared}))
+            doc = {"roles": links.roles, "shared": links.shared, "shape_alone": links.shape_alone}
+            Path(f"{run}-links-roles.json").write_text(json.dumps(doc))
             return ""
         if kind == "steps":
             parts = (

@@ -427,6 +427,7 @@ def _steps_map(job: AnalysisJob, attempt: int, index: int, stage: int, table: pa
         _write_frame(f"{prefix}-roles.parquet", evidence.role_rows)
         _write_frame(f"{prefix}-instances.parquet", evidence.instances)
         _write_frame(f"{prefix}-p2p.parquet", evidence.p2p)
+        object_store().write_bytes(f"{prefix}-shape.json", json.dumps({"shape_alone": evidence.shape_alone}).encode())
         return
     store = object_store()
     links = json.loads(store.read_bytes(store.location(f"{run}/links.json")))
@@ -443,7 +444,15 @@ def _steps_map(job: AnalysisJob, attempt: int, index: int, stage: int, table: pa
     assert isinstance(instances, pl.DataFrame)
     assert isinstance(waits, pl.DataFrame)
     use_templates = not job.parameters["period_only"]
-    part = steps_map(df, links["roles"], instances, waits, links["shared"], use_templates=use_templates)
+    part = steps_map(
+        df,
+        links["roles"],
+        instances,
+        waits,
+        links["shared"],
+        use_templates=use_templates,
+        shape_alone=links.get("shape_alone"),
+    )
     _write_frame(f"{prefix}-steps.parquet", part.rank_steps)
     if part.label_counts is not None:
         _write_frame(f"{prefix}-labels.parquet", part.label_counts)
@@ -576,11 +585,15 @@ def partition_link(job_id: int, attempt: int) -> bool:
     count = len(_plan(job_id, attempt)["partitions"])
     run = _run_prefix(job_id, attempt)
 
+    store = object_store()
+
     def evidence(i: int) -> StepsEvidence:  # read one partition at a time (twice): the merge folds as it goes
+        shape = store.location(f"{run}/part-{i:06d}-shape.json")  # absent: stage 1 ran before it was recorded
         return StepsEvidence(
             _read_frame(f"{run}/part-{i:06d}-roles.parquet"),
             _read_frame(f"{run}/part-{i:06d}-instances.parquet"),
             _read_frame(f"{run}/part-{i:06d}-p2p.parquet"),
+            json.loads(store.read_bytes(shape))["shape_alone"] if store.exists(shape) else None,
         )
 
     links = steps_links(count, evidence)
@@ -588,7 +601,7 @@ def partition_link(job_id: int, attempt: int) -> bool:
         raise ValueError(NO_OPERATIONS)
     _write_frame(f"{run}/instances.parquet", links.instances)
     _write_frame(f"{run}/p2p-waits.parquet", links.p2p_waits)
-    links_doc = {"roles": links.roles, "shared": links.shared}
+    links_doc = {"roles": links.roles, "shared": links.shared, "shape_alone": links.shape_alone}
     object_store().write_bytes(f"{run}/links.json", json.dumps(links_doc).encode())
     return True
 

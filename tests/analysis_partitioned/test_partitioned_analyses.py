@@ -42,6 +42,9 @@ from comminsight.analysis.partitioned import (
 from comminsight.analysis.perf import analyse_perf
 from comminsight.importers import load
 from comminsight.semantic import recover_steps
+from comminsight.semantic.roles import roles_from_shape_alone
+from comminsight.simulator.tracegen import Layout as GeneratedLayout
+from comminsight.simulator.tracegen import generate
 from tests.analysis_partitioned.compare import canonical, settled
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -221,6 +224,7 @@ def steps_both_ways(table: pa.Table, ranks_per_partition: int, **options) -> tup
             links.p2p_waits.filter(pl.col("part") == i),
             links.shared,
             use_templates=options.get("use_templates", True),
+            shape_alone=links.shape_alone,
         )
         for i, part in enumerate(parts)
     ]
@@ -263,6 +267,25 @@ def test_the_steps_from_two_stages_over_rank_partitions_equal_the_whole_tables(
 def test_point_to_point_waiting_crosses_partitions_like_the_whole_tables():
     layout = Layout(1, 4, 1)  # a pipeline: every rank's waits are on sends and receives to other ranks
     whole, partitioned = steps_both_ways(run(layout, programs_for(layout, steps=12)), ranks_per_partition=1)
+    assert step_doc(partitioned) == step_doc(whole)
+
+
+def test_whether_roles_come_from_shape_alone_is_the_whole_jobs_not_a_partitions(tmp_path):
+    """A 64-GPU HSDP job without coordinates in which only rank 63's rows carry a group description (naming no
+    role): the whole job's roles are not from shape alone, so no template is checked against the period (the
+    megatron template cuts 8 steps per step), while ranks 0-31 alone would check it (period detection, 6 steps).
+    The chord decides once for the job, so its steps are the whole table's."""
+    job = generate(GeneratedLayout(dp=64, fsdp_layers=8, fsdp_shard=8), steps=6, seed=3)
+    job.communication_only().drop("cp_rank", "dp_rank", "stage", "tp_rank").write_parquet(tmp_path / "comm.parquet")
+    df = pl.from_arrow(load(tmp_path / "comm.parquet"))
+    assert isinstance(df, pl.DataFrame)
+    df = df.with_columns(
+        comm_desc=pl.when(pl.col("rank") == 63).then(pl.lit("unnamed group")).otherwise(pl.col("comm_desc"))
+    )
+    assert roles_from_shape_alone(df.filter(pl.col("rank") < 32))
+    assert not roles_from_shape_alone(df)
+    whole, partitioned = steps_both_ways(df.to_arrow(), ranks_per_partition=32)
+    assert len(whole.steps) == 8 * len(job.truth["step_starts_s"])
     assert step_doc(partitioned) == step_doc(whole)
 
 

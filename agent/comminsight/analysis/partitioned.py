@@ -34,7 +34,9 @@ the reduce holds summaries, not the job's rows.
   collective instances its ranks saw (last arrival, ranks seen) and its point-to-point
   rows. ``steps_links`` merges them: the roles, the instances of two or more members (their last
   arrival) of the communicators that span partitions (a partition finds its own communicators'
-  alone), and every point-to-point event's waiting (pairing sends and receives needs them all).
+  alone), every point-to-point event's waiting (pairing sends and receives needs them all), and whether the
+  job's roles come from the communicators' shape alone (every partition's, never one partition's: it turns
+  on the template-against-period check of every map task, as ``shape_alone`` does the stragglers planning's).
   Stage 2, ``steps_map``: the engine over one partition's ranks with those, giving per-(rank, step)
   summaries; ``steps_merge`` folds them, one partition at a time, into per-step totals (``step_totals``: sums
   and extremes, exact over any split of the ranks) and, when asked, the ``StepReport`` the whole table gives
@@ -71,7 +73,8 @@ from comminsight.evidence import PROGRESS_OP
 from comminsight.evidence.schema import empty_table
 from comminsight.semantic.engine import summaries_frame
 from comminsight.semantic.matching import collective_instances, collective_waits, match_operations
-from comminsight.semantic.roles import ROLES, infer_roles, role_rows
+from comminsight.semantic.order import canonical_order
+from comminsight.semantic.roles import ROLES, infer_roles, role_rows, roles_from_shape_alone
 from comminsight.semantic.steps import StepReport, agreement_from_counts, job_steps, label_counts, recover_steps
 
 HANG_TAIL_SEQS = 64  # completed sequences kept per (stream, rank) below its completion watermark
@@ -493,7 +496,8 @@ class StepsEvidence:
 
     role_rows: pl.DataFrame  # comminsight.semantic.roles.role_rows
     instances: pl.DataFrame  # collective_instances: key, comm_id, last, n_members
-    p2p: pl.DataFrame  # the point-to-point rows, ``_i``: their row in the partition
+    p2p: pl.DataFrame  # the point-to-point rows, ``_i``: their row in the partition (in ``canonical_order``)
+    shape_alone: bool | None = None  # roles_from_shape_alone of the partition (None: not recorded)
 
 
 @dataclass
@@ -505,6 +509,9 @@ class StepsLinks:
     p2p_waits: pl.DataFrame  # part, _i, wait_ns: point-to-point events that waited
     shared: list[str]  # communicators seen by several partitions (``instances`` holds theirs)
     role_rows: int = 0  # 0: the partitions held no operation
+    # Roles from the communicators' shape alone in the whole job (every partition's): the template check of
+    # every map task (``recover_steps``'s ``shape_alone``); None: a partition's evidence did not record it.
+    shape_alone: bool | None = None
 
 
 @dataclass
@@ -517,10 +524,16 @@ class StepsPart:
 
 
 def steps_evidence(table: pa.Table | pl.DataFrame) -> StepsEvidence:
-    """Stage 1 of a partitioned steps run over one partition of whole ranks (in table order)."""
-    df = _frame(table)
+    """Stage 1 of a partitioned steps run over one partition of whole ranks (any row order: read in
+    ``canonical_order``, as ``recover_steps`` reads the whole table)."""
+    df = canonical_order(_frame(table))
     p2p = df.with_row_index("_i").filter(pl.col("is_p2p")).select("_i", *P2P_COLUMNS)
-    return StepsEvidence(role_rows(df), collective_instances(df), p2p.with_columns(pl.col("_i").cast(pl.Int64)))
+    return StepsEvidence(
+        role_rows(df),
+        collective_instances(df),
+        p2p.with_columns(pl.col("_i").cast(pl.Int64)),
+        roles_from_shape_alone(df),
+    )
 
 
 def _merge_instances(frames: list[pl.DataFrame]) -> pl.DataFrame:
@@ -541,8 +554,10 @@ def steps_links(count: int, load: Callable[[int], StepsEvidence], fold_rows: int
     role_frames: list[pl.DataFrame] = []
     p2p_frames: list[pl.DataFrame] = []
     seen_by: dict[str, int] = {}
+    shape_flags: list[bool | None] = []
     for i in range(count):
         evidence = load(i)
+        shape_flags.append(evidence.shape_alone)
         role_frames.append(evidence.role_rows)
         p2p_frames.append(evidence.p2p.with_columns(part=pl.lit(i, pl.Int64)))
         for comm in evidence.instances.get_column("comm_id").unique().to_list():
@@ -581,7 +596,8 @@ def steps_links(count: int, load: Callable[[int], StepsEvidence], fold_rows: int
         .select("part", "_i", "wait_ns")
         .sort("part", "_i")
     )
-    return StepsLinks(roles, instances, p2p_waits, shared, role_rows.height)
+    shape_alone = None if None in shape_flags else all(shape_flags)
+    return StepsLinks(roles, instances, p2p_waits, shared, role_rows.height, shape_alone)
 
 
 def steps_map(
@@ -591,17 +607,19 @@ def steps_map(
     p2p_waits: pl.DataFrame,
     shared: list[str],
     use_templates: bool = True,
+    shape_alone: bool | None = None,
 ) -> StepsPart:
     """Stage 2: recover the steps of one partition's ranks, with the job's roles and waiting (``instances`` of
-    the ``shared`` communicators; ``p2p_waits``: this partition's ``_i``, ``wait_ns``)."""
-    df = _frame(table)
+    the ``shared`` communicators; ``p2p_waits``: this partition's ``_i``, ``wait_ns``) and whether the job's roles
+    come from shape alone (``StepsLinks.shape_alone``; None: decided from this partition, which may differ)."""
+    df = canonical_order(_frame(table))
     wait = np.zeros(df.height, np.int64)
     own = collective_instances(df).filter(~pl.col("comm_id").is_in(shared) & (pl.col("n_members") > 1))
     instances = pl.concat([instances.select("key", "last"), own.select("key", "last")], how="vertical_relaxed")
     coll = collective_waits(df.with_row_index("row"), instances)
     wait[coll.get_column("row").to_numpy()] = coll.get_column("wait_ns").to_numpy()
     wait[p2p_waits.get_column("_i").to_numpy()] = p2p_waits.get_column("wait_ns").to_numpy()
-    report = recover_steps(df, use_templates=use_templates, wait_ns=wait, roles=roles)
+    report = recover_steps(df, use_templates=use_templates, wait_ns=wait, roles=roles, shape_alone=shape_alone)
     counts = None
     if "step" in df.columns and df.get_column("step").null_count() == 0:
         counts = label_counts(df.get_column("step").to_numpy()[report.event_rows], report.event_steps)
