@@ -11,8 +11,11 @@ from __future__ import annotations
 import polars as pl
 
 # Every column an analysis reads of an operation (per-communicator facts such as its members are the same on
-# all its rows). Rank first: a partition of whole ranks in this order is a slice of the whole table's.
-ORDER_COLUMNS = ("rank", "start_ns", "end_ns", "enqueue_ns", "comm_id", "op", "is_p2p", "seq", "peer", "bytes")
+# all its rows). Rank first: a partition of whole ranks in this order is a slice of the whole table's. Operations
+# a rank starts at the same instant (a grouped send and receive) are put in program order, by issue time and
+# then by what they are, never by when they end: ends vary from step to step, and an order that follows them
+# gives the same operation a different place in the program in different steps (and no typical duration).
+ORDER_COLUMNS = ("rank", "start_ns", "enqueue_ns", "comm_id", "is_p2p", "op", "peer", "seq", "end_ns", "bytes")
 ORDER_COLUMNS += ("comm_name", "step", "comm_desc", "comm_size", "dp_rank", "pp_rank", "tp_rank", "cp_rank")
 
 
