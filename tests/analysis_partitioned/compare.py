@@ -29,3 +29,15 @@ def canonical(report: dict) -> dict:
         return value
 
     return norm(report)
+
+
+def step_doc(report) -> dict:
+    """What a user reads of a step recovery (``StepReport``): its method, each rank's, the steps, the agreement
+    with labels and each rank's steps."""
+    return {
+        "method": report.method,
+        "methods": report.methods_by_rank,
+        "steps": report.steps,
+        "agreement": report.agreement,
+        "rank_steps": report.rank_steps.to_dicts(),
+    }

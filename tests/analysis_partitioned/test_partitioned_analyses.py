@@ -45,7 +45,7 @@ from comminsight.semantic import recover_steps
 from comminsight.semantic.roles import roles_from_shape_alone
 from comminsight.simulator.tracegen import Layout as GeneratedLayout
 from comminsight.simulator.tracegen import generate
-from tests.analysis_partitioned.compare import canonical, settled
+from tests.analysis_partitioned.compare import canonical, settled, step_doc
 
 TESTS = Path(__file__).resolve().parents[1]
 FR_PUBLIC = TESTS.parents[0].parent / "shared" / "data" / "public" / "flight_recorder_nvrx" / "gpu_error_1st"
@@ -230,16 +230,6 @@ def steps_both_ways(table: pa.Table, ranks_per_partition: int, **options) -> tup
     ]
     whole = recover_steps(df, compute_waits=True, use_templates=options.get("use_templates", True))
     return whole, steps_reduce(mapped)
-
-
-def step_doc(report) -> dict:
-    return {
-        "method": report.method,
-        "methods": report.methods_by_rank,
-        "steps": report.steps,
-        "agreement": report.agreement,
-        "rank_steps": report.rank_steps.to_dicts(),
-    }
 
 
 @pytest.mark.parametrize(

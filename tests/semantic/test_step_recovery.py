@@ -28,6 +28,7 @@ from comminsight.semantic import (
 from comminsight.semantic.engine import summaries_frame
 from comminsight.semantic.steps import run_engine
 from comminsight.simulator.tracegen import Layout, generate
+from tests.analysis_partitioned.compare import step_doc
 
 
 def _unlabelled(layout: str, **kwargs) -> tuple[pl.DataFrame, np.ndarray]:
@@ -299,14 +300,7 @@ def _steps_document(df: pl.DataFrame, **options) -> dict:
     """What a user reads of the steps of ``df`` (whose ``_id`` names each row): the report, and each row's step."""
     report = recover_steps(df, **options)
     ids = df.get_column("_id").to_numpy()[report.event_rows]
-    return {
-        "method": report.method,
-        "methods": report.methods_by_rank,
-        "steps": report.steps,
-        "agreement": report.agreement,
-        "rank_steps": report.rank_steps.to_dicts(),
-        "row_steps": sorted(zip(ids.tolist(), report.event_steps.tolist(), strict=True)),
-    }
+    return step_doc(report) | {"row_steps": sorted(zip(ids.tolist(), report.event_steps.tolist(), strict=True))}
 
 
 def _generated(layout: Layout, tmp_path: Path) -> pl.DataFrame:
