@@ -143,7 +143,9 @@ class WindowStore:
     memory, and during one the window it replays.
 
     A window is a dict of arrays, scalars and its level plan (``levels``); it is stored as one block of bytes (the
-    arrays, 8-byte aligned) and a layout, and read back as views of one buffer.
+    arrays, 8-byte aligned) and a layout, and read back as views of one buffer. (``np.save``/``np.load`` per array
+    gives the same report but, with a window's thousands of small level arrays, twice the analysis's CPU: 4.6 ->
+    8.7 s on 128 ranks x 90 steps.)
     """
 
     def __init__(self, spill: bool) -> None:
