@@ -15,8 +15,16 @@ uploaded and per crowd request (PostgreSQL's not included): on a machine shared 
 figures follow the neighbours' load, CPU time per unit of work much less.
 Targets (DESIGN §9, issue 13): one agent >= 200 MB/s; p99 <= 100 ms with 50 agents, each request <= 8 MiB.
 
-With --baseline-tree DIR the baseline is instead the streamed server of another checkout (e.g. `git archive` of an
-earlier commit, run with this tree's Python and database): old code against new, alternating, in the same run.
+With --baseline REV the baseline is instead the streamed server of this repository's commit REV (unpacked by `git
+archive` into the temporary directory), with --baseline-tree DIR that of another checkout, both run with this tree's
+Python and database: old code against new, alternating, in the same run. With --baseline-env NAME=VALUE (repeatable)
+the baseline is this tree's streamed server with those environment variables set: a setting's two values.
+
+Server CPU per kind (--per-kind, the default): after the mixed rounds, the same agents send as many rounds of each
+kind alone (heartbeats only, then HEADs, creates, chunks); the agents and the main thread meet at a barrier between
+phases, where the workers' CPU clocks (and PostgreSQL's) are read, so each phase's CPU is its own requests' and
+nothing else's (the agents' opening create and first heartbeat come before the first reading). BENCH_LOG_LEVEL
+(default WARNING) is the servers' LOG_LEVEL: INFO logs an access line per request, as the site does by default.
 
 Where the latency goes: besides the server workers' CPU, the bench reports the agents' CPU per crowd request (threads
 of this process, or of the --client-processes processes, on the same cores) and, on PostgreSQL, the CPU of the
@@ -35,7 +43,7 @@ that process, not the server, can be what the latency measures (the echo-server 
 
 Run: .venv/bin/python bench/site_ingest.py [--size-mib 256] [--chunk-mib 8] [--workers 2] [--clients 50]
      [--rounds 10] [--crowd-chunk-kib 256] [--alternations 2] [--client-processes 1] [--storage s3]
-     [--baseline-tree DIR]
+     [--baseline REV | --baseline-tree DIR | --baseline-env NAME=VALUE] [--no-per-kind]
 Uses SQLite in the temporary data directory unless BENCH_DATABASE_URL is set (a database it may migrate), and no
 Redis (each worker its own cache and channel layer) unless BENCH_REDIS_URL is set (a Redis database it may use: the
 shared rate-limit cache, the channel layer the heartbeats publish to, and the queue finalized uploads are sent to,
@@ -48,6 +56,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import hashlib
+import itertools
 import multiprocessing
 import os
 import resource
@@ -115,6 +124,12 @@ def upload(client: httpx.Client, base: str, data: bytes, chunk: int) -> tuple[fl
     return elapsed, time.perf_counter() - started, chunk
 
 
+KINDS = ("heartbeat", "head", "create", "chunk")
+# The crowd's phases: the mixed rounds (each round one request of every kind, the latency figures), then, with
+# --per-kind, the same number of rounds of one kind at a time, so the server's CPU can be told per kind.
+MIXED = "mixed"
+
+
 def agent_rounds(
     base: str,
     token: str,
@@ -122,43 +137,68 @@ def agent_rounds(
     workload: str,
     node: str,
     chunk_bytes: int,
+    phases: tuple[str, ...],
+    barrier: Any,
     latencies: list,
     errors: list[str],
 ) -> None:
-    """One closed-loop agent (one node of ``workload``): each round a heartbeat, an upload HEAD, a create
-    (resume) and one chunk."""
+    """One closed-loop agent (one node of ``workload``): opens its upload and sends its first heartbeat, then
+    for each of ``phases`` waits at ``barrier`` twice (all agents done; the main thread read the CPU clocks)
+    and sends ``rounds`` rounds: in the mixed phase a heartbeat, an upload HEAD, a create (resume) and one
+    chunk each, in a kind's phase one request of that kind. Latencies are kept for the mixed phase only."""
     payload = os.urandom(chunk_bytes)
     chunk_headers = {"Content-Type": "application/offset+octet-stream"}
     chunk_headers["Upload-Checksum"] = f"sha256 {hashlib.sha256(payload).hexdigest()}"
-    with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=120) as client:
-        sha = hashlib.sha256(node.encode()).hexdigest()
-        create = {"sha256": sha, "size": chunk_bytes * (rounds + 1), "filename": "ci-x.tar.zst"}
-        upload_id = client.post(base + "uploads/", json=create).json()["upload_id"]
-        url = f"{base}uploads/{upload_id}/"
-        beat = {"workload_id": workload, "node": node, "sent_ns": 0, "communicators": []}
-        offset = 0
-        for _ in range(rounds):
-            for kind in ("heartbeat", "head", "create", "chunk"):
-                started = time.perf_counter()
-                if kind == "heartbeat":
-                    response = client.post(base + "live/", json=beat)
-                elif kind == "head":
-                    response = client.head(url)
-                elif kind == "create":
-                    response = client.post(base + "uploads/", json=create)
-                else:
-                    response = client.patch(
-                        url, content=payload, headers={**chunk_headers, "Upload-Offset": str(offset)}
-                    )
-                latencies.append((kind, time.perf_counter() - started))
-                if response.status_code >= 400:
-                    errors.append(f"{kind} {response.status_code} {response.text[:80]}")
-                elif kind == "chunk":
-                    offset += chunk_bytes
+    chunks = rounds * sum(1 for p in phases if p in (MIXED, "chunk"))
+    try:
+        with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=120) as client:
+            sha = hashlib.sha256(node.encode()).hexdigest()
+            create = {"sha256": sha, "size": chunk_bytes * (chunks + 1), "filename": "ci-x.tar.zst"}
+            upload_id = client.post(base + "uploads/", json=create).json()["upload_id"]
+            url = f"{base}uploads/{upload_id}/"
+            beat = {"workload_id": workload, "node": node, "sent_ns": 0, "communicators": []}
+            client.post(base + "live/", json=beat)  # the node exists before the clock starts
+            offset = 0
+            for phase in (*phases, None):
+                barrier.wait()  # everyone done with the previous phase (or with opening)
+                barrier.wait()  # the main thread has read the clocks
+                if phase is None:
+                    break
+                kinds = KINDS if phase == MIXED else (phase,)
+                for _ in range(rounds):
+                    for kind in kinds:
+                        started = time.perf_counter()
+                        if kind == "heartbeat":
+                            response = client.post(base + "live/", json=beat)
+                        elif kind == "head":
+                            response = client.head(url)
+                        elif kind == "create":
+                            response = client.post(base + "uploads/", json=create)
+                        else:
+                            response = client.patch(
+                                url, content=payload, headers={**chunk_headers, "Upload-Offset": str(offset)}
+                            )
+                        if phase == MIXED:
+                            latencies.append((kind, time.perf_counter() - started))
+                        if response.status_code >= 400:
+                            errors.append(f"{kind} {response.status_code} {response.text[:80]}")
+                        elif kind == "chunk":
+                            offset += chunk_bytes
+    except BaseException:
+        barrier.abort()  # an agent that failed must not leave the others (or the main thread) waiting
+        raise
 
 
 def run_clients(
-    base: str, token: str, clients: int, rounds: int, chunk_bytes: int, tag: str, job: str
+    base: str,
+    token: str,
+    clients: int,
+    rounds: int,
+    chunk_bytes: int,
+    tag: str,
+    job: str,
+    phases: tuple[str, ...],
+    barrier: Any,
 ) -> tuple[list[tuple[str, float]], list[str]]:
     latencies: list[tuple[str, float]] = []
     errors: list[str] = []
@@ -172,6 +212,8 @@ def run_clients(
                 job,
                 f"node-{tag}-{os.getpid()}-{time.monotonic_ns()}-{i}",
                 chunk_bytes,
+                phases,
+                barrier,
                 latencies,
                 errors,
             ),
@@ -186,45 +228,71 @@ def run_clients(
 
 
 def crowd_part(
-    base: str, token: str, clients: int, rounds: int, chunk_bytes: int, tag: str, job: str, start_at: float
-) -> tuple[list[tuple[str, float]], list[str], float, float, float]:
-    """One process's share of the crowd, started at the wall-clock time ``start_at`` (so all parts start
-    together); also returns this process's CPU seconds for it and the wall-clock times it started and ended."""
-    time.sleep(max(0.0, start_at - time.time()))
-    cpu_start, started = own_cpu_seconds(), time.time()
-    latencies, errors = run_clients(base, token, clients, rounds, chunk_bytes, tag, job)
-    return latencies, errors, own_cpu_seconds() - cpu_start, started, time.time()
+    base: str,
+    token: str,
+    clients: int,
+    rounds: int,
+    chunk_bytes: int,
+    tag: str,
+    job: str,
+    phases: tuple[str, ...],
+    barrier: Any,
+) -> tuple[list[tuple[str, float]], list[str], float]:
+    """One process's share of the crowd; also returns this process's CPU seconds for it."""
+    cpu_start = own_cpu_seconds()
+    latencies, errors = run_clients(base, token, clients, rounds, chunk_bytes, tag, job, phases, barrier)
+    return latencies, errors, own_cpu_seconds() - cpu_start
+
+
+def phase_boundaries(barrier: Any, phases: tuple[str, ...], clock: Any) -> list[Any]:
+    """The main thread's part of the crowd: at each phase boundary (all agents done), ``clock()`` is read before
+    the agents go on. Returns the readings, one more than there are phases."""
+    readings = []
+    for _ in range(len(phases) + 1):
+        barrier.wait()
+        readings.append(clock())
+        barrier.wait()
+    return readings
 
 
 def run_crowd(
-    base: str, token: str, args: argparse.Namespace, tag: str
-) -> tuple[list[tuple[str, float]], list[str], float, float]:
-    """The crowd (--clients agents of --rounds rounds): threads of this process, or spread over
-    --client-processes processes. Returns the latencies, the errors, the agents' CPU seconds and the crowd's
-    wall-clock seconds (first agent's start to last agent's end)."""
+    base: str, token: str, args: argparse.Namespace, tag: str, phases: tuple[str, ...], clock: Any
+) -> tuple[list[tuple[str, float]], list[str], float, list[Any]]:
+    """The crowd (--clients agents of --rounds rounds per phase): threads of this process, or spread over
+    --client-processes processes. Returns the latencies (mixed phase), the errors, the agents' CPU seconds (all
+    phases) and ``clock()`` read at each phase boundary (wall-clock time is one of its readings, or not)."""
     chunk_bytes = args.crowd_chunk_kib << 10
     # One job of --clients nodes per run, whatever the processes: each heartbeat reads its job's nodes, so runs
     # must not share a job.
     job = f"bench-{tag}-{os.getpid()}-{time.monotonic_ns()}"
     processes = max(1, min(args.client_processes, args.clients))
     if processes == 1:
-        results = [crowd_part(base, token, args.clients, args.rounds, chunk_bytes, tag, job, 0.0)]
-        return results[0][0], results[0][1], results[0][2], results[0][4] - results[0][3]
+        barrier = threading.Barrier(args.clients + 1)
+        with concurrent.futures.ThreadPoolExecutor(1) as main_part:
+            part = main_part.submit(
+                crowd_part, base, token, args.clients, args.rounds, chunk_bytes, tag, job, phases, barrier
+            )
+            readings = phase_boundaries(barrier, phases, clock)
+            latencies, errors, client_cpu = part.result()
+        return latencies, errors, client_cpu, readings
     shares = [args.clients // processes + (i < args.clients % processes) for i in range(processes)]
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
-        list(pool.map(time.sleep, [0.0] * processes))  # the processes are up (imports done) before the clock
-        start_at = time.time() + 0.5
+    with (
+        context.Manager() as manager,
+        concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool,
+    ):
+        barrier = manager.Barrier(args.clients + 1)
         parts = [
-            pool.submit(crowd_part, base, token, share, args.rounds, chunk_bytes, f"{tag}-p{i}", job, start_at)
+            pool.submit(crowd_part, base, token, share, args.rounds, chunk_bytes, f"{tag}-p{i}", job, phases, barrier)
             for i, share in enumerate(shares)
         ]
+        readings = phase_boundaries(barrier, phases, clock)
         results = [part.result() for part in parts]
     return (
         [t for part in results for t in part[0]],
         [e for part in results for e in part[1]],
         sum(part[2] for part in results),
-        max(part[4] for part in results) - min(part[3] for part in results),
+        readings,
     )
 
 
@@ -330,28 +398,42 @@ def _measure(
         rss_upload = peak_rss_mib(workers)
         cpu_upload = cpu_seconds(workers)
         tag = f"{'stream' if streaming else 'buffer'}-{abs(hash(tree))}"
-        database_start = database_cpu_seconds(env)
-        requests, errors, client_cpu, crowd_s = run_crowd(base, token, args, tag) if crowd else ([], [], 0.0, 0.0)
-        cpu_crowd = cpu_seconds(workers)
-        database_end = database_cpu_seconds(env)
-        count = max(len(requests), 1)
+        phases = (MIXED, *KINDS) if args.per_kind else (MIXED,)
+
+        def clock() -> tuple[float, float, float | None]:
+            return time.time(), cpu_seconds(workers), database_cpu_seconds(env)
+
+        if crowd:
+            requests, errors, client_cpu, readings = run_crowd(base, token, args, tag, phases, clock)
+        else:
+            requests, errors, client_cpu, readings = [], [], 0.0, [(0.0, 0.0, None)] * (len(phases) + 1)
+        per_phase = {}
+        for phase, (before, after) in zip(phases, itertools.pairwise(readings), strict=True):
+            count = max(1, args.clients * args.rounds * (len(KINDS) if phase == MIXED else 1))
+            per_phase[phase] = {
+                "wall_s": after[0] - before[0],
+                # Server CPU (all workers; PostgreSQL not included): what the figures would be on idle cores.
+                "cpu_ms": (after[1] - before[1]) * 1e3 / count,
+                "database_ms": (
+                    (after[2] - before[2]) * 1e3 / count
+                    if before[2] is not None and after[2] is not None
+                    else float("nan")
+                ),
+            }
+        total = max(1, args.clients * args.rounds * (len(KINDS) + len(phases) - 1))
         return {
-            # Server CPU (all workers; PostgreSQL not included): what the figures would be on idle cores.
             "cpu_s_per_gb": (cpu_upload - cpu_start) / (len(data) / 1e9),
-            "cpu_ms_per_request": (cpu_crowd - cpu_upload) * 1e3 / count,
-            "client_ms_per_request": client_cpu * 1e3 / count,
-            "database_ms_per_request": (
-                (database_end - database_start) * 1e3 / count
-                if database_start is not None and database_end is not None
-                else float("nan")
-            ),
+            "cpu_ms_per_request": per_phase[MIXED]["cpu_ms"],
+            "per_phase": per_phase,
+            "client_ms_per_request": client_cpu * 1e3 / total,
+            "database_ms_per_request": per_phase[MIXED]["database_ms"],
             "mbps": len(data) / 1e6 / upload_s,
             "finalize_s": finalize_s,
             "chunk": chunk,
             "rss_idle": rss_idle,
             "rss_upload": rss_upload,
             "crowd": requests,
-            "crowd_s": crowd_s,
+            "crowd_s": per_phase[MIXED]["wall_s"],
             "errors": errors,
         }
     except Exception:
@@ -383,6 +465,25 @@ def main() -> None:
         type=Path,
         help="baseline: the streamed server of this checkout (old code), not buffered",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="baseline: the streamed server of this repository's commit REV (git archive of it; old code)",
+    )
+    parser.add_argument(
+        "--baseline-env",
+        metavar="NAME=VALUE",
+        action="append",
+        type=lambda text: tuple(text.split("=", 1)),
+        default=[],
+        help="baseline: this tree's streamed server with this environment variable set (a setting's two values)",
+    )
+    parser.add_argument(
+        "--per-kind",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the mixed rounds, as many rounds of each kind alone: server CPU per kind",
+    )
     parser.add_argument("--echo-server", type=int, help=argparse.SUPPRESS)  # internal: the client-floor server
     args = parser.parse_args()
     if args.echo_server:
@@ -390,12 +491,14 @@ def main() -> None:
         return
 
     with tempfile.TemporaryDirectory() as tmp:
+        if args.baseline:
+            args.baseline_tree = checkout(args.baseline, Path(tmp) / "baseline")
         data_dir = Path(tmp) / "data"
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
         env.update(
             COMMINSIGHT_SERVER_DATA_DIR=str(data_dir),
             COMMINSIGHT_INGEST_RATE="1000000/min",
-            LOG_LEVEL="WARNING",
+            LOG_LEVEL=os.environ.get("BENCH_LOG_LEVEL", "WARNING"),  # INFO: as the site logs by default
             DJANGO_SETTINGS_MODULE="comminsight_site.settings",
         )
         if os.environ.get("BENCH_DATABASE_URL"):
@@ -418,10 +521,20 @@ def main() -> None:
                 data = os.urandom(args.size_mib << 20)  # new bytes: each run stores its own archive
                 if args.baseline_tree is not None and not new:
                     runs[new].append(measure(env, args, token, data, True, tree=args.baseline_tree.resolve()))
+                elif args.baseline_env and not new:
+                    runs[new].append(measure({**env, **dict(args.baseline_env)}, args, token, data, True))
                 else:
                     runs[new].append(measure(env, args, token, data, new))
             floors.append(client_floor(args))
         report(args, runs, floors)
+
+
+def checkout(rev: str, where: Path) -> Path:
+    """The tree of commit ``rev`` of this repository, unpacked at ``where`` (run with this tree's Python)."""
+    where.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
+    return where
 
 
 def echo_server_answer(head: bytes) -> bytes:
@@ -470,7 +583,7 @@ def client_floor(args: argparse.Namespace) -> list[tuple[str, float]]:
             except OSError:
                 time.sleep(0.1)
         base = f"http://127.0.0.1:{port}/api/v1/ingest/"
-        requests, _, _, _ = run_crowd(base, "none", args, "floor")
+        requests, _, _, _ = run_crowd(base, "none", args, "floor", (MIXED,), lambda: None)
         return requests
     finally:
         server.terminate()
@@ -515,15 +628,25 @@ def storage_runs(env: dict[str, str], args: argparse.Namespace, token: str, s3_d
     print(f"upload   local {local:7.1f} MB/s   S3 {s3:7.1f} MB/s   ratio S3 / local {s3 / local:.2f}x")
 
 
+def ratio(new: float, old: float) -> str:
+    return f"{new / old:.2f}x" if old else "n/a"
+
+
 def report(args: argparse.Namespace, runs: dict[bool, list[dict]], floors: list[list[tuple[str, float]]]) -> None:
     """Per-run figures, then the median run of each server and the ratio new / baseline."""
-    label = {False: "before", True: "after"} if args.baseline_tree else {False: "buffered", True: "streamed"}
+    compared = args.baseline_tree or args.baseline_env
+    label = {False: "before", True: "after"} if compared else {False: "buffered", True: "streamed"}
     print(
         f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the end; serve --workers {args.workers}; "
         f"{args.size_mib} MiB in {runs[True][0]['chunk'] >> 20} MiB chunks; {args.clients} agents x {args.rounds} "
         f"rounds (crowd chunk {args.crowd_chunk_kib} KiB, agents in {args.client_processes} process(es)); "
         f"{args.alternations} alternations"
-        + (f"; before = {args.baseline_tree}, streamed" if args.baseline_tree else "")
+        + (f"; before = {args.baseline or args.baseline_tree}, streamed" if args.baseline_tree else "")
+        + (
+            "; before = this tree, streamed, with " + " ".join(f"{k}={v}" for k, v in args.baseline_env)
+            if args.baseline_env
+            else ""
+        )
         + ("; with Redis" if os.environ.get("BENCH_REDIS_URL") else "; no Redis")
     )
     summary: dict[bool, dict[str, float]] = {}
@@ -546,6 +669,8 @@ def report(args: argparse.Namespace, runs: dict[bool, list[dict]], floors: list[
                     "cpu_req": run["cpu_ms_per_request"],
                     "client_req": run["client_ms_per_request"],
                     "database_req": run["database_ms_per_request"],
+                    **{f"cpu_{k}": run["per_phase"][k]["cpu_ms"] for k in KINDS if k in run["per_phase"]},
+                    **{f"database_{k}": run["per_phase"][k]["database_ms"] for k in KINDS if k in run["per_phase"]},
                 }
             )
             row = rows[-1]
@@ -557,11 +682,16 @@ def report(args: argparse.Namespace, runs: dict[bool, list[dict]], floors: list[
                 f"CPU per crowd request: server {row['cpu_req']:.2f} ms, agents {row['client_req']:.2f} ms, "
                 f"PostgreSQL {row['database_req']:.2f} ms; server CPU {row['cpu_gb']:.2f} s/GB uploaded"
             )
-            for kind in ("heartbeat", "head", "create", "chunk"):
+            for kind in KINDS:
                 kind_times = [t for k, t in run["crowd"] if k == kind]
+                alone = (
+                    f";  alone: server CPU {row[f'cpu_{kind}']:.2f} ms, PostgreSQL {row[f'database_{kind}']:.2f} ms"
+                    if f"cpu_{kind}" in row
+                    else ""
+                )
                 print(
                     f"      {kind:9s} p50 {statistics.median(kind_times) * 1e3:7.1f} ms   "
-                    f"p99 {percentile(kind_times, 0.99) * 1e3:7.1f} ms"
+                    f"p99 {percentile(kind_times, 0.99) * 1e3:7.1f} ms{alone}"
                 )
         summary[new] = {k: statistics.median([r[k] for r in rows]) for k in rows[0]}
         spread[new] = {k: (min(r[k] for r in rows), max(r[k] for r in rows)) for k in rows[0]}
@@ -589,6 +719,19 @@ def report(args: argparse.Namespace, runs: dict[bool, list[dict]], floors: list[
         f"{new_['cpu_gb']:.2f} s/GB   ratio {new_['cpu_gb'] / old['cpu_gb']:.2f}x;  per crowd request {a} "
         f"{old['cpu_req']:.2f} ms   {b} {new_['cpu_req']:.2f} ms   ratio {new_['cpu_req'] / old['cpu_req']:.2f}x"
     )
+    if args.per_kind:
+        print(
+            "server CPU per request by kind (each kind alone, the same agents; all workers): "
+            + ";  ".join(
+                f"{k} {a} {old[f'cpu_{k}']:.2f} ms {b} {new_[f'cpu_{k}']:.2f} ms "
+                f"({ratio(new_[f'cpu_{k}'], old[f'cpu_{k}'])})"
+                for k in KINDS
+            )
+        )
+        print(
+            "PostgreSQL CPU per request by kind: "
+            + ";  ".join(f"{k} {a} {old[f'database_{k}']:.2f} ms {b} {new_[f'database_{k}']:.2f} ms" for k in KINDS)
+        )
     print(
         f"CPU per crowd request besides the server: agents {a} {old['client_req']:.2f} ms   "
         f"{b} {new_['client_req']:.2f} ms;  PostgreSQL backends {a} {old['database_req']:.2f} ms   "
