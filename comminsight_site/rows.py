@@ -6,11 +6,17 @@ requests (token, upload offset, heartbeat) are a handful of one-row statements e
 Here the SQL is written from the model's own metadata (table and column names), parameters are prepared by
 the model's fields (``get_db_prep_value``) and rows come back through the converters the ORM would apply,
 then ``Model.from_db``: the same instances, the same values, on PostgreSQL and SQLite alike.
+
+On PostgreSQL these statements go through ``cursor()``: parameters bound by the server (psycopg sends the
+statement and its values apart) instead of Django's default client-side binding, which turns every statement and
+its parameters into SQL text in Python, and each statement prepared once per pooled connection after a few runs
+(``COMMINSIGHT_DB_PREPARE_THRESHOLD``), so PostgreSQL no longer parses and plans it on every request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from typing import Any, TypeVar
 
@@ -74,12 +80,40 @@ def row(model: type[M], values: tuple[Any, ...] | list[Any], using: str = "defau
     return model.from_db(using, None, values)
 
 
+@contextmanager
+def cursor(using: str = "default") -> Iterator[Any]:
+    """A cursor (Django's wrapper: its error translation and query logging) for the agents' frequent statements:
+    on PostgreSQL with server-side parameter binding, elsewhere the connection's usual cursor.
+
+    Only these statements bind on the server: the rest of the site keeps Django's client-side binding, which some
+    ORM queries need (Django's ``server_side_binding`` option would switch every query). Prepared statements
+    (``prepare_threshold``, set by the settings) apply only to such cursors, so only these statements are
+    prepared. Each thread has a connection of its own, so the factory is swapped for this one cursor alone."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        with connection.cursor() as plain:
+            yield plain
+        return
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    connection.ensure_connection()
+    driver = connection.connection
+    factory = driver.cursor_factory
+    driver.cursor_factory = ServerBindingCursor
+    try:
+        bound = connection.cursor()
+    finally:
+        driver.cursor_factory = factory
+    with bound:
+        yield bound
+
+
 def select_one(model: type[M], where: str, params: list[Any], using: str = "default") -> M | None:
     """The row of ``model`` matching ``where`` (SQL over its columns, aliased ``t``), or None; for lookups on
     unique columns (a second row is not looked for)."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(f"SELECT {columns(model, 't', using)} FROM {table(model, using)} t WHERE {where}", params)  # noqa: S608
-        found = cursor.fetchone()
+    with cursor(using) as bound:
+        bound.execute(f"SELECT {columns(model, 't', using)} FROM {table(model, using)} t WHERE {where}", params)  # noqa: S608
+        found = bound.fetchone()
     return None if found is None else row(model, found, using)
 
 

@@ -150,6 +150,15 @@ if (
         "max_size": env.int("COMMINSIGHT_DB_POOL_MAX", default=20),
         "timeout": 30,
     }
+# PostgreSQL: the agents' frequent statements (comminsight_site.rows.cursor: parameters bound by the server) are
+# prepared on a connection once they ran this many times on it; 0 or less: never (a pooler in transaction mode,
+# such as PgBouncer before 1.21, cannot keep prepared statements). Django's own queries bind on the client and are
+# never prepared either way.
+if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    prepare_threshold = env.int("COMMINSIGHT_DB_PREPARE_THRESHOLD", default=5)
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
+        prepare_threshold if prepare_threshold > 0 else None
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.str("REDIS_URL", default="")

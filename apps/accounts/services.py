@@ -23,7 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.utils import timezone
 
 from comminsight_site import rows
@@ -338,7 +338,7 @@ def _agent_token_with_owner(prefix: str) -> AgentToken | None:
             f"ON u.{rows.column(User, 'id')} = t.{rows.column(AgentToken, 'owner')} "
             f"WHERE t.{rows.column(AgentToken, 'prefix')} = %s"
         )
-        with connection.cursor() as cursor:
+        with rows.cursor() as cursor:
             cursor.execute(sql, [prefix])
             found = cursor.fetchone()
         if found is None:

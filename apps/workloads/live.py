@@ -220,7 +220,7 @@ def _known_node_keep_heartbeat(owner_id: int, heartbeat: dict[str, Any], now: An
         f"AND n.{rows.column(Node, 'name')} = %s RETURNING {rows.columns(Workload, 't')}"
     )
     params = [rows.param(Node, name, value) for name, value in fields.items()]
-    with connection.cursor() as cursor:
+    with rows.cursor() as cursor:
         cursor.execute(sql, [*params, owner_id, heartbeat["workload_id"], heartbeat["node"]])
         found = cursor.fetchone()
     return None if found is None else rows.row(Workload, found)
@@ -236,7 +236,7 @@ def _node_keep_heartbeat(workload: Workload, heartbeat: dict[str, Any], now: Any
         f"WHERE {rows.column(Node, 'workload')} = %s AND {rows.column(Node, 'name')} = %s"
     )
     params = [rows.param(Node, name, value) for name, value in fields.items()]
-    with connection.cursor() as cursor:
+    with rows.cursor() as cursor:
         cursor.execute(sql, [*params, workload.pk, heartbeat["node"]])
         if cursor.rowcount:
             return
@@ -260,7 +260,7 @@ def _fresh_heartbeats(workload_id: int, fresh_since: Any) -> dict[str, dict[str,
         f"WHERE {rows.column(Node, 'workload')} = %s AND {rows.column(Node, 'last_heartbeat_at')} >= %s "
         f"AND {heartbeat_column} IS NOT NULL"
     )
-    with connection.cursor() as cursor:
+    with rows.cursor() as cursor:
         cursor.execute(sql, [workload_id, rows.param(Node, "last_heartbeat_at", fresh_since)])
         found = cursor.fetchall()
     convert = rows.converter(Node, "last_heartbeat")
@@ -289,7 +289,7 @@ def _workload_keep_live(workload: Workload) -> None:
     names = ("live_summary", "status", "first_seen_at", "last_seen_at", "updated_at")
     assignments = ", ".join(f"{rows.column(Workload, name)} = %s" for name in names)
     params = [rows.param(Workload, name, getattr(workload, name)) for name in names]
-    with connection.cursor() as cursor:
+    with rows.cursor() as cursor:
         cursor.execute(
             f"UPDATE {rows.table(Workload)} SET {assignments} WHERE {rows.column(Workload, 'id')} = %s",  # noqa: S608
             [*params, workload.pk],

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -146,7 +146,7 @@ def owner_bytes_in_use(owner: User, exclude_upload: Upload | None = None) -> int
     params = [owner.pk, owner.pk, UploadState.OPEN.value]
     if exclude_upload is not None:
         params.append(rows.param(Upload, "id", exclude_upload.pk))
-    with connection.cursor() as cursor:
+    with rows.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.fetchone()[0])
 
@@ -287,7 +287,7 @@ def _offset_move(upload: Upload, old: int, new: int) -> int:
         f"WHERE {rows.column(Upload, 'id')} = %s AND {offset} = %s AND {state} = %s"
     )
     params = [new, rows.param(Upload, "updated_at", timezone.now()), rows.param(Upload, "id", upload.pk), old]
-    with connection.cursor() as cursor:
+    with rows.cursor() as cursor:
         cursor.execute(sql, [*params, UploadState.OPEN.value])
         return cursor.rowcount
 

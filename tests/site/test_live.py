@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -39,6 +40,20 @@ def test_heartbeat_marks_the_workload_running_and_keeps_the_latest_per_node(agen
     node = Node.objects.get(workload=workload, name="n1")
     assert node.last_heartbeat["communicators"][0]["last_completed_seq"] == 9
     assert node.agent_version == "0.1.0"
+
+
+def test_a_nodes_repeated_heartbeats_run_statements_postgresql_prepared_once(agent):
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's (COMMINSIGHT_DB_PREPARE_THRESHOLD)")
+    for seq in range(8):
+        assert beat(agent, "n1", seq).status_code == 202
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [statement for (statement,) in cursor.fetchall()]
+    # The node's row stored and its workload read in one statement, the job's fresh heartbeats, the workload's status.
+    assert any(s.startswith("UPDATE") and "RETURNING" in s for s in prepared), prepared
+    assert any(s.startswith("SELECT") and "last_heartbeat_at" in s for s in prepared), prepared
+    assert Node.objects.get(name="n1").last_heartbeat["communicators"][0]["last_completed_seq"] == 7
 
 
 def test_hang_on_one_node_names_the_lagging_ranks_across_nodes(agent):
