@@ -14,8 +14,10 @@ from __future__ import annotations
 import logging
 import math
 import re
+import threading
+import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -68,7 +70,7 @@ def _series_ids(workload_id: int, samples: list[Sample]) -> dict[tuple[str, str]
             f"WHERE {rows.column(Series, 'workload')} = %s AND {metric} IN ({', '.join(['%s'] * len(metrics))}) "
             f"AND {key} IN ({', '.join(['%s'] * len(keys))})"
         )
-        with connection.cursor() as cursor:
+        with rows.cursor() as cursor:
             cursor.execute(sql, [workload_id, *metrics, *keys])
             found.update({(m, k): i for m, k, i in cursor.fetchall() if (m, k) in wanted})
 
@@ -106,12 +108,12 @@ def points_record(workload_id: int, samples: list[Sample]) -> int:
     if not samples:
         return 0
     ids = _series_ids(workload_id, samples)
-    rows = {(ids[(s.metric, s.key)], s.t_ms): s.value for s in samples}  # one value per (series, time)
+    by_point = {(ids[(s.metric, s.key)], s.t_ms): s.value for s in samples}  # one value per (series, time)
     point_table = Point._meta.db_table
     rollup_table = Rollup._meta.db_table
     inserted: list[tuple[int, int, float]] = []
-    items = sorted(rows.items())
-    with transaction.atomic(), connection.cursor() as cursor:
+    items = sorted(by_point.items())
+    with transaction.atomic(), rows.cursor() as cursor:
         for i in range(0, len(items), INSERT_CHUNK):
             chunk = items[i : i + INSERT_CHUNK]
             values = ",".join(["(%s,%s,%s)"] * len(chunk))
@@ -325,8 +327,54 @@ def heartbeat_samples(
     return reader.samples, reader.problems
 
 
+class StoredPoints:
+    """The points (workload, metric, key, time) this process stored from heartbeats lately, known committed.
+
+    A point is stored once (``ON CONFLICT DO NOTHING``): a second heartbeat in the same 5-second slot adds nothing to
+    node-level series, and the workload-wide ``lagging_ranks`` point is the same for every node of the job in a
+    slot. Such a heartbeat stored nothing but cost the series lookup and a transaction (four round trips); with
+    this, samples already stored by this process are not sent again, and a heartbeat with nothing new makes no
+    statement at all. Only points whose transaction committed are kept (``transaction.on_commit``), so a rolled
+    back write is written again. Points placed more than ``keep_ms`` before now are not kept (no heartbeat is
+    placed in their slot any more; a step ending that long ago is simply sent again: the database keeps it once).
+    A workload created or deleted is forgotten (``stored_points_forget``): its id may name other rows than before
+    (SQLite reuses the id of a rolled-back row). ``clock`` is injectable for tests."""
+
+    def __init__(self, keep_ms: int = 2 * RAW_STEP_S * 1000, clock: Callable[[], float] = time.time) -> None:
+        self.keep_ms, self.clock = keep_ms, clock
+        self._points: dict[tuple[int, str, str, int], None] = {}
+        self._lock = threading.Lock()
+
+    def new(self, workload_id: int, samples: list[Sample]) -> list[Sample]:
+        """The samples of ``samples`` not known stored."""
+        points = self._points
+        return [s for s in samples if (workload_id, s.metric, s.key, s.t_ms) not in points]
+
+    def add(self, workload_id: int, samples: list[Sample]) -> None:
+        with self._lock:
+            oldest = int(self.clock() * 1000) - self.keep_ms
+            if self._points and next(iter(self._points))[3] < oldest:  # the first kept has aged: drop all aged
+                self._points = {point: None for point in self._points if point[3] >= oldest}
+            for s in samples:
+                if s.t_ms >= oldest:
+                    self._points[(workload_id, s.metric, s.key, s.t_ms)] = None
+
+    def forget(self, workload_id: int) -> None:
+        """Forget the points of ``workload_id`` (its row was created or deleted: the id is not what it was)."""
+        with self._lock:
+            self._points = {point: None for point in self._points if point[0] != workload_id}
+
+
+_stored_points = StoredPoints()
+
+
+def stored_points_forget(workload_id: int) -> None:
+    _stored_points.forget(workload_id)
+
+
 def monitoring_record_heartbeat(*, workload: Workload, node: str, heartbeat: dict[str, Any], at: datetime) -> int:
-    """Keep what a heartbeat measured as time series; never raises (a heartbeat is not lost for its metrics)."""
+    """Keep what a heartbeat measured as time series; never raises (a heartbeat is not lost for its metrics).
+    Points this process already stored are not sent again (``StoredPoints``)."""
     try:
         samples, problems = heartbeat_samples(node, heartbeat, workload.live_summary, at)
         if problems:
@@ -337,10 +385,14 @@ def monitoring_record_heartbeat(*, workload: Workload, node: str, heartbeat: dic
                 len(problems),
                 "; ".join(problems[:20]) + (" …" if len(problems) > 20 else ""),
             )
+        samples = _stored_points.new(workload.pk, samples)
+        if not samples:
+            return 0
         added = points_record(workload.pk, samples)
     except Exception:
         logger.exception("could not record the metrics of a heartbeat of workload %s node %r", workload.pk, node)
         return 0
+    transaction.on_commit(lambda: _stored_points.add(workload.pk, samples))
     if added:
         transaction.on_commit(lambda: publish_points(workload.pk, sorted({s.metric for s in samples})))
     return added

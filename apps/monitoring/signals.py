@@ -6,13 +6,13 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models.signals import post_save
+from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from apps.workloads.live import heartbeat_recorded
 from apps.workloads.models import Archive, ArchiveState, Workload
 
-from .services import monitoring_record_heartbeat
+from .services import monitoring_record_heartbeat, stored_points_forget
 
 
 @receiver(heartbeat_recorded, dispatch_uid="monitoring-heartbeat")
@@ -20,6 +20,19 @@ def record_heartbeat(
     sender: type[Workload], workload: Workload, node: str, heartbeat: dict[str, Any], at: datetime, **kwargs: Any
 ) -> None:
     monitoring_record_heartbeat(workload=workload, node=node, heartbeat=heartbeat, at=at)
+
+
+@receiver(post_save, sender=Workload, dispatch_uid="monitoring-workload-created")
+def forget_stored_points_of_new_workload(
+    sender: type[Workload], instance: Workload, created: bool, **kwargs: Any
+) -> None:
+    if created:
+        stored_points_forget(instance.pk)
+
+
+@receiver(post_delete, sender=Workload, dispatch_uid="monitoring-workload-deleted")
+def forget_stored_points_of_deleted_workload(sender: type[Workload], instance: Workload, **kwargs: Any) -> None:
+    stored_points_forget(instance.pk)
 
 
 @receiver(post_save, sender=Archive, dispatch_uid="monitoring-archive-summaries")

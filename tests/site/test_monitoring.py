@@ -12,7 +12,9 @@ import polars as pl
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
+from django.db import connection, transaction
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -93,6 +95,48 @@ def test_the_same_heartbeat_twice_adds_no_points(agent):
     post(agent, body)
     assert Point.objects.count() == stored
     assert sum(Rollup.objects.filter(width_s=60).values_list("n", flat=True)) == stored
+
+
+def _points_of(workload: Workload) -> list[tuple[str, str, int, float]]:
+    return sorted(
+        Point.objects.filter(series__workload=workload).values_list("series__metric", "series__key", "t_ms", "value")
+    )
+
+
+def test_a_heartbeat_with_nothing_new_makes_no_statement_and_the_points_stay(
+    personas, django_capture_on_commit_callbacks
+):
+    workload = Workload.objects.create(owner=personas.alice, external_id="job-quiet", name="job-quiet")
+    at, body = timezone.now(), heartbeat(workload="job-quiet")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.monitoring_record_heartbeat(workload=workload, node="n1", heartbeat=body, at=at) > 0
+    stored = _points_of(workload)
+    with CaptureQueriesContext(connection) as queries, django_capture_on_commit_callbacks(execute=True):
+        assert services.monitoring_record_heartbeat(workload=workload, node="n1", heartbeat=body, at=at) == 0
+    assert [q["sql"] for q in queries.captured_queries] == []
+    assert _points_of(workload) == stored
+    # The next 5-second slot is a new point of every node-level series.
+    with django_capture_on_commit_callbacks(execute=True):
+        later = at + timedelta(seconds=5)
+        assert services.monitoring_record_heartbeat(workload=workload, node="n1", heartbeat=body, at=later) > 0
+    assert len(_points_of(workload)) > len(stored)
+
+
+def test_the_points_of_a_heartbeat_rolled_back_are_stored_by_the_next(personas, django_capture_on_commit_callbacks):
+    workload = Workload.objects.create(owner=personas.alice, external_id="job-undone", name="job-undone")
+    at, body = timezone.now(), heartbeat(workload="job-undone")
+
+    def failing_request() -> None:
+        with transaction.atomic():
+            services.monitoring_record_heartbeat(workload=workload, node="n1", heartbeat=body, at=at)
+            raise RuntimeError("the request failed after its points were written")
+
+    with django_capture_on_commit_callbacks(execute=True), pytest.raises(RuntimeError):
+        failing_request()
+    assert _points_of(workload) == []
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.monitoring_record_heartbeat(workload=workload, node="n1", heartbeat=body, at=at) > 0
+    assert _points_of(workload) != []
 
 
 def test_bad_values_are_skipped_with_a_log_line_and_the_heartbeat_still_counts(agent, caplog):
