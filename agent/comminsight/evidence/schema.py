@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from comminsight.evidence import compute
+
 SCHEMA_VERSION = "1"
 
 # Normalised operation names (lower snake case). Importers map source spellings onto these.
@@ -111,7 +113,7 @@ def conform(table: pa.Table) -> pa.Table:
             column = table.column(field.name)
             try:
                 if column.type != field.type:
-                    column = column.cast(field.type)
+                    column = compute.cast(column, field.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise ValueError(f"column {field.name!r} cannot be read as {field.type}: {exc}") from exc
         elif field.nullable:

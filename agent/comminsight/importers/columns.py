@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from comminsight.evidence import SCHEMA, conform
+from comminsight.evidence import SCHEMA, compute, conform
 from comminsight.importers import EvidenceError
 
 # Operations one import may produce: about 256 bytes a row in Arrow, held twice while the parts are
@@ -42,7 +42,7 @@ def to_table(columns: Mapping[str, Sequence[Any] | pa.Array | np.ndarray], path:
         field = SCHEMA.field(name)
         try:
             if isinstance(values, pa.Array | pa.ChunkedArray):
-                array = values if values.type == field.type else values.cast(field.type)
+                array = values if values.type == field.type else compute.cast(values, field.type)
             else:
                 array = _array(values, field.type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, TypeError) as exc:

@@ -43,9 +43,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from comminsight.evidence import PROGRESS_OP
+from comminsight.evidence import compute as pc
 from comminsight.importers import EvidenceError, Importer, directory_holds, evidence_files, register
 from comminsight.importers.columns import MAX_ROWS, concat, paused_gc, to_table
 from comminsight.importers.normalise import (
@@ -443,7 +443,7 @@ def _by_text(values: list) -> tuple[list[str], dict[str, Any], pa.DictionaryArra
     value per distinct text holds for every entry that prints the same. Dumps repeat few shapes.
     """
     texts = list(map(repr, values))
-    return texts, dict(zip(texts, values, strict=True)), pa.array(texts, pa.string()).dictionary_encode()
+    return texts, dict(zip(texts, values, strict=True)), pc.dictionary_encode(pa.array(texts, pa.string()))
 
 
 def _shapes(sizes: list, locate: _Locate) -> tuple[pa.Array, pa.Array]:
@@ -465,8 +465,8 @@ def _shapes(sizes: list, locate: _Locate) -> tuple[pa.Array, pa.Array]:
                 ) from None
         mapped[text] = (shape, count)
     keys = encoded.dictionary.to_pylist()
-    shape_col = pa.array([mapped[k][0] for k in keys], pa.string()).take(encoded.indices)
-    count_col = pa.array([mapped[k][1] for k in keys], pa.int64()).take(encoded.indices)
+    shape_col = pc.take(pa.array([mapped[k][0] for k in keys], pa.string()), encoded.indices)
+    count_col = pc.take(pa.array([mapped[k][1] for k in keys], pa.int64()), encoded.indices)
     return shape_col, count_col
 
 
@@ -496,7 +496,7 @@ def _dtypes(dtype_lists: list, locate: _Locate) -> tuple[pa.Array, np.ndarray]:
         mapped[text] = found
     keys = encoded.dictionary.to_pylist()
     codes = encoded.indices.to_numpy()
-    dtype = pa.array([mapped[k][0] for k in keys], pa.string()).take(encoded.indices)
+    dtype = pc.take(pa.array([mapped[k][0] for k in keys], pa.string()), encoded.indices)
     return dtype, np.array([mapped[k][1] for k in keys], np.int64)[codes]
 
 
@@ -653,7 +653,7 @@ def _int_field(dumps: list[_Dump], field: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _spread(values: list, codes: np.ndarray, type_: pa.DataType) -> pa.Array:
-    return pa.array(values, type_).take(pa.array(codes)) if len(codes) else pa.array([], type_)
+    return pc.take(pa.array(values, type_), pa.array(codes)) if len(codes) else pa.array([], type_)
 
 
 def _decoded_table(dumps: list[_Dump], locate: _Locate) -> pa.Table:
@@ -772,7 +772,7 @@ def _assemble(dumps: list[_Dump], locate: _Locate, columns: _Columns) -> pa.Tabl
     take = pa.array(code.astype(np.int64))
 
     def spread(values: list, type_: pa.DataType) -> pa.Array:
-        return pa.array(values, type_).take(take) if n else pa.array([], type_)
+        return pc.take(pa.array(values, type_), take) if n else pa.array([], type_)
 
     # P2P peers: the "a->b" in the name is a group rank; the group's member list makes it global.
     local = map_distinct(profiling_arr, _local_peer, pa.int64()).to_numpy(zero_copy_only=False).astype(np.float64)
@@ -870,7 +870,7 @@ def _progress(dumps: list[_Dump], entries: pa.Table) -> tuple[pa.Table, np.ndarr
             values, valid = d.decoded.ints[_INT_FIELDS.index("pg_id")], d.decoded.valid[_INT_FIELDS.index("pg_id")]
             at = np.flatnonzero(valid)
             pg_ids, first = np.unique(values[at], return_index=True)
-            names = comm_ids.take(pa.array(start + at[first])).to_pylist()
+            names = pc.take(comm_ids, pa.array(start + at[first])).to_pylist()
             pg_names = dict(zip(pg_ids.tolist(), names, strict=True))
         else:
             pg_ids = list(map(dict.get, d.entries, repeat("pg_id")))

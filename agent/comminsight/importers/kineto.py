@@ -38,8 +38,8 @@ import msgspec
 import numpy as np
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from comminsight.evidence import compute as pc
 from comminsight.importers import EvidenceError, Importer, directory_holds, evidence_files, register
 from comminsight.importers.columns import MAX_ROWS, concat, paused_gc, to_table
 from comminsight.importers.normalise import dtypes, itemsizes, map_distinct, ops
@@ -282,7 +282,7 @@ def _table_of(traces: list[_Trace]) -> pa.Table:
     owner = np.repeat(np.arange(len(traces)), [len(t.events) for t in traces])  # each event's trace
     names = _texts(list(map(dict.get, events, repeat("name"))))
     categories = _texts(list(map(dict.get, events, repeat("cat"))))
-    is_kernel = pc.fill_null(pc.and_(pc.equal(categories, "kernel"), names.is_valid()), False)
+    is_kernel = pc.fill_null(pc.and_(pc.equal(categories, "kernel"), pc.is_valid(names)), False)
     is_comm = pc.and_(pc.fill_null(pc.equal(names, "record_param_comms"), False), pc.invert(is_kernel))
     is_step = pc.fill_null(
         pc.and_(pc.equal(categories, "user_annotation"), pc.starts_with(names, "ProfilerStep#")), False
@@ -456,7 +456,7 @@ def _table_of(traces: list[_Trace]) -> pa.Table:
     rows = np.concatenate(
         [np.r_[bounds[o] : bounds[o + 1], span_bounds[o] : span_bounds[o + 1]] for o in range(len(traces))]
     )
-    return table.take(rows)
+    return pc.take(table, rows)
 
 
 # ---- the trace as a stream of pieces -----------------------------------------------------------

@@ -13,7 +13,8 @@ from functools import lru_cache
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+
+from comminsight.evidence import compute as pc
 
 # Ordered: the first key that the squeezed name starts with wins ("reducescatter" before "reduce").
 _OP_PREFIXES = (
