@@ -636,7 +636,7 @@ def _args(raw: Any) -> Any:
         if type(value) is dict:
             raise _NotTaken from None
         return value
-    return {k: v for k, v in zip(_ARG_NAMES, msgspec.structs.astuple(args), strict=True) if v is not _UNSET}
+    return msgspec.to_builtins(args)  # the members present, by their names in the trace (unset ones left out)
 
 
 def _selected(items: list) -> list[dict]:
@@ -658,8 +658,9 @@ def _selected(items: list) -> list[dict]:
                     continue
         elif name != "record_param_comms" and not name.startswith("ProfilerStep#"):
             continue
-        compact = {k: v for k, v in msgspec.structs.asdict(event).items() if v is not _UNSET}
-        if "args" in compact:
+        # The members present (one C call; msgspec.Raw is not a builtin, so args is added after).
+        compact = msgspec.to_builtins(msgspec.structs.replace(event, args=_UNSET))
+        if event.args is not _UNSET:
             compact["args"] = _args(event.args) if args is _UNSET else args
         kept.append(compact)
     return kept
