@@ -53,6 +53,9 @@ if SERVER_HTTP not in ("uvicorn", "daphne"):
     raise ImproperlyConfigured(f"COMMINSIGHT_SERVER_HTTP must be uvicorn or daphne, not {SERVER_HTTP!r}")
 # With streaming: a request whose body stops arriving for this long answers 408 and its connection is closed.
 SERVER_BODY_TIMEOUT_S = env.float("COMMINSIGHT_SERVER_BODY_TIMEOUT_S", default=30.0)
+# uvicorn: one access line per request (the ``uvicorn.access`` logger, at INFO). Off saves formatting and writing it
+# (docs/operators.md, "Performance (agent ingest)"); errors and warnings are logged either way.
+SERVER_ACCESS_LOG = env.bool("COMMINSIGHT_SERVER_ACCESS_LOG", default=True)
 
 if PRODUCTION:
     # A missing production secret must fail at start, loudly (environ raises ImproperlyConfigured).

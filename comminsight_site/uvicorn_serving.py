@@ -14,8 +14,8 @@ does not do is here, in ``BodyGuard`` around the HTTP application:
   413); so ``LingeringProtocol`` first half-closes (the answer, then end of stream) and discards what still
   arrives, for at most ``LINGER_S``, before it closes.
 
-``serve(sockets, body_timeout_s)`` runs one server process on already-bound listening sockets; ``manage.py serve``
-calls it (one process, or each of its ``--workers``).
+``serve(sockets, application, body_timeout_s)`` runs one server process on already-bound listening sockets;
+``manage.py serve`` calls it (one process, or each of its ``--workers``).
 """
 
 from __future__ import annotations
@@ -168,9 +168,12 @@ class LingeringProtocol(HttpToolsProtocol):
         return None
 
 
-def serve(sockets: list[socket.socket], application: Application, body_timeout_s: float) -> None:
+def serve(
+    sockets: list[socket.socket], application: Application, body_timeout_s: float, access_log: bool = True
+) -> None:
     """Serve ``application`` (HTTP through ``BodyGuard``, WebSockets as they are) on ``sockets`` until SIGTERM or
-    SIGINT; logging stays Django's (uvicorn's access lines go to the ``uvicorn.access`` logger)."""
+    SIGINT; logging stays Django's (uvicorn's access lines go to the ``uvicorn.access`` logger, unless
+    ``access_log`` is off: then none is formatted at all)."""
     import uvicorn
 
     guarded = BodyGuard(application, body_timeout_s)
@@ -184,5 +187,6 @@ def serve(sockets: list[socket.socket], application: Application, body_timeout_s
         proxy_headers=False,  # as Daphne ran: the peer's address is the client's
         server_header=False,
         timeout_keep_alive=KEEP_ALIVE_S,
+        access_log=access_log,
     )
     uvicorn.Server(config).run(sockets=sockets)

@@ -72,6 +72,32 @@ def test_serve_on_a_bare_machine_starts_daphne_and_names_only_the_token_path(tmp
     assert (tmp_path / "db.sqlite3").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("setting", "logged"), [(None, True), ("1", True), ("0", False)])
+def test_each_request_has_an_access_line_unless_the_access_log_is_off(tmp_path, setting, logged):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
+    env.update(COMMINSIGHT_SERVER_DATA_DIR=str(tmp_path), COMMINSIGHT_SERVER_LISTEN=f"127.0.0.1:{port}")
+    env["LOG_LEVEL"] = "INFO"  # the site's default
+    env.pop("COMMINSIGHT_SERVER_ACCESS_LOG", None)
+    if setting is not None:
+        env["COMMINSIGHT_SERVER_ACCESS_LOG"] = setting
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        server = subprocess.Popen([sys.executable, "manage.py", "serve"], cwd=ROOT, env=env, stdout=out, stderr=out)
+        try:
+            for _ in range(150):
+                try:
+                    assert httpx.get(f"http://127.0.0.1:{port}/healthz?probe=access-log", timeout=1).status_code == 200
+                    break
+                except httpx.HTTPError:
+                    time.sleep(0.2)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    assert ('"GET /healthz?probe=access-log HTTP/1.1" 200' in log.read_text()) is logged
+
+
 def children_of(pid: int) -> set[int]:
     found: set[int] = set()
     for task in Path(f"/proc/{pid}/task").iterdir():

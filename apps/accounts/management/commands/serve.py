@@ -142,7 +142,7 @@ def run_uvicorn(sockets: list[socket.socket]) -> None:
     from comminsight_site import uvicorn_serving
 
     application = import_string(settings.ASGI_APPLICATION)
-    uvicorn_serving.serve(sockets, application, settings.SERVER_BODY_TIMEOUT_S)
+    uvicorn_serving.serve(sockets, application, settings.SERVER_BODY_TIMEOUT_S, access_log=settings.SERVER_ACCESS_LOG)
 
 
 ADOPT = "comminsight-adopt"
