@@ -43,21 +43,24 @@ def step_windows(
 ) -> WindowStore | None:
     """The replay's windows of whole steps, in step order, each with its level plan and its slices of ``columns``
     (per-event arrays, each stored as the dtype given beside it); None when the dependency graph has a cycle
-    (matching errors: the whole trace is then iterated, see ``replay``).
-
-    A window takes consecutive steps while it holds at most ``max_events`` events (at least one step), and never
-    ends between two steps that a group (collective, send with its receive) spans. Each window is planned alone
-    and handed to the store (``WindowStore``: spilled to a file when there is more than one), so planning holds
-    one window's plan at a time. Between windows only each rank's last operation passes (the carry, one slot per
-    rank): a rank's operations of a window follow one another, the first one its last operation before it.
-    """
-    max_events = window_events() if max_events is None else max_events
-    prev, group, batch, rank = arrays["prev"], arrays["group_dense"], arrays["batch"], arrays["rank"]
-    n = prev.size
-    step_index = arrays["step_index"]
+    (matching errors: the whole trace is then iterated, see ``replay``). ``plan_windows`` over every event."""
     n_steps = int(arrays["step_ids"].size)
+    rank_ids = np.unique(arrays["rank"])
+    store = WindowStore(spill=_window_bounds(arrays, 0, n_steps, max_events).size > 2)
+    fast = bool(arrays["sync"].all()) and not bool(arrays["launch"].any())
+    if not plan_windows(arrays, 0, 0, n_steps, rank_ids, store, columns or {}, fast, max_events):
+        return None
+    arrays["carried"] = int(rank_ids.size)
+    return store
+
+
+def _window_bounds(arrays: dict[str, Any], step_lo: int, n_steps: int, max_events: int | None) -> np.ndarray:
+    """Step positions (from ``step_lo``) where the windows of ``plan_windows`` begin, and ``n_steps`` at the end."""
+    max_events = window_events() if max_events is None else max_events
+    group, step_index = arrays["group_dense"], arrays["step_index"] - step_lo
     # Boundaries a group spans (members in several steps, e.g. recovered steps cut differently per rank).
-    n_groups = int(group.max()) + 1
+    _, group = np.unique(group, return_inverse=True)
+    n_groups = int(group.max(initial=-1)) + 1
     low = np.full(n_groups, n_steps, np.int64)
     high = np.zeros(n_groups, np.int64)
     np.minimum.at(low, group, step_index)
@@ -75,25 +78,57 @@ def step_windows(
             held = 0
         held += int(per_step[k])
     bounds.append(n_steps)
-    del low, high, spans, open_count, blocked
-    order, cuts = arrays["step_order"], np.r_[arrays["step_cuts"], n]
-    rank_ids = np.unique(rank)
+    return np.array(bounds, np.int64)
+
+
+def plan_windows(
+    arrays: dict[str, Any],
+    offset: int,
+    step_lo: int,
+    n_steps: int,
+    rank_ids: np.ndarray,
+    store: WindowStore,
+    columns: dict[str, tuple[np.ndarray, Any]],
+    fast: bool,
+    max_events: int | None = None,
+) -> bool:
+    """Plan the replay's windows of whole steps over ``arrays``' events (those of steps ``step_lo`` to ``step_lo +
+    n_steps - 1``, numbered from ``offset`` in ``prev``; an event whose previous operation lies before ``offset``
+    follows the carry), in step order, each with its level plan and its slices of ``columns``, into ``store``;
+    False when the dependency graph has a cycle.
+
+    A window takes consecutive steps while it holds at most ``max_events`` events (at least one step), and never
+    ends between two steps that a group (collective, send with its receive) spans. Each window is planned alone
+    and handed to the store (``WindowStore``: spilled to a file when there is more than one), so planning holds
+    one window's plan at a time. Between windows only each rank's last operation passes (the carry, one slot per
+    rank of ``rank_ids``): a rank's operations of a window follow one another, the first one its last operation
+    before it.
+    """
+    prev, group, batch, rank = arrays["prev"], arrays["group_dense"], arrays["batch"], arrays["rank"]
+    n = prev.size
+    step_index = arrays["step_index"] - step_lo
+    bounds = _window_bounds(arrays, step_lo, n_steps, max_events)
+    w_order = np.argsort(step_index, kind="stable")
+    order, cuts = w_order, np.r_[np.searchsorted(step_index[w_order], np.arange(n_steps)), n]
     # The windows' indices are 32-bit while the trace allows it.
-    index = np.int32 if n < 2**31 else np.int64
+    index = np.int32 if offset + n < 2**31 else np.int64
     owner = np.full(n, -1, index)  # window of each event planned so far
     local = np.zeros(n, index)  # its index in the window
-    fast = bool(arrays["sync"].all()) and not bool(arrays["launch"].any())
-    store = WindowStore(spill=len(bounds) > 2)
-    for w, (a, b) in enumerate(pairwise(bounds)):
+    for a, b in pairwise(bounds.tolist()):
+        w = len(store)
         events = np.sort(order[cuts[a] : cuts[b]]).astype(index)
         owner[events] = w
         local[events] = np.arange(events.size)
         m = events.size
-        p = prev[events]
-        outside = (p >= 0) & (owner[np.maximum(p, 0)] != w)
-        ghosts = np.unique(p[outside])  # earlier windows' events this window follows: one per rank at most
+        p = prev[events] - offset
+        own_rank = rank[events]
+        outside = (p < 0) & (prev[events] >= 0)
+        outside |= (p >= 0) & (owner[np.maximum(p, 0)] != w)
+        # Earlier windows' events this window follows (ghosts): one per rank at most, known by the rank's slot.
+        slot = np.searchsorted(rank_ids, own_rank[outside])
+        ghosts = np.unique(slot)
         local_prev = np.where(p >= 0, local[np.maximum(p, 0)], -1)
-        local_prev[outside] = m + np.searchsorted(ghosts, p[outside])
+        local_prev[outside] = m + np.searchsorted(ghosts, slot)
         batch_ids, local_batch = np.unique(batch[events], return_inverse=True)
         _, local_group = np.unique(group[events], return_inverse=True)
         nb = batch_ids.size
@@ -101,11 +136,10 @@ def step_windows(
         step = arrays["step"][events]
         # The events are in program order (rank, step, start): each rank's last one here is what the next
         # window holding the rank follows.
-        own_rank = rank[events]
         last = np.flatnonzero(np.r_[own_rank[1:] != own_rank[:-1], True]) if m else np.zeros(0, np.int64)
         win: dict[str, Any] = {
-            "events": events,
-            "steps": (a, b),
+            "events": (events + offset).astype(index),
+            "steps": (a + step_lo, b + step_lo),
             "prev": local_prev,
             "group_dense": local_group.astype(index),
             "batch": np.r_[local_batch, nb + np.arange(ghosts.size)].astype(index),
@@ -116,25 +150,24 @@ def step_windows(
             "launch": arrays["launch"][events],
             "max_chain": arrays["max_chain"],
             "max_chain_all": arrays["max_chain_all"],
-            "ghost_slots": np.searchsorted(rank_ids, rank[ghosts]),
+            "ghost_slots": ghosts,
             "export_slots": np.searchsorted(rank_ids, own_rank[last]),
             "exports": last.astype(index),
             "fast": fast,
         }
         plan = levels(win) if m else []
         if plan is None:
-            return None
+            return False
         win["plan"] = plan
         # Per-step maxima of the window's ends (its steps in order).
         steps = step_index[events]
-        w_order = np.argsort(steps, kind="stable")
-        win["step_order"] = w_order.astype(index)
-        win["step_cuts"] = np.flatnonzero(np.r_[True, steps[w_order][1:] != steps[w_order][:-1]]) if m else w_order
-        for name, (values, dtype) in (columns or {}).items():
+        s_order = np.argsort(steps, kind="stable")
+        win["step_order"] = s_order.astype(index)
+        win["step_cuts"] = np.flatnonzero(np.r_[True, steps[s_order][1:] != steps[s_order][:-1]]) if m else s_order
+        for name, (values, dtype) in columns.items():
             win[name] = values[events].astype(dtype)
         store.append(win)
-    arrays["carried"] = int(rank_ids.size)
-    return store
+    return True
 
 
 class WindowStore:

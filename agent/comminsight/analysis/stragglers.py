@@ -46,7 +46,7 @@ replays and the culprit rounds hold no per-event array.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -55,10 +55,8 @@ import polars as pl
 import pyarrow as pa
 
 from comminsight.analysis import replay as replay_module
-from comminsight.analysis.keyed_quantiles import keyed_quantiles
 from comminsight.analysis.replay import run as _run
-from comminsight.analysis.replay import step_times as _step_times
-from comminsight.analysis.replay import step_windows
+from comminsight.analysis.replay_inputs import WAIT_CLOCK_SLACK_NS, ReplayInputs
 from comminsight.semantic.matching import match_operations, p2p_pairs
 from comminsight.semantic.order import canonical_order
 from comminsight.semantic.roles import infer_coordinates, infer_roles
@@ -88,7 +86,6 @@ REPLAY_COLUMNS = (
 # Columns the windowed preparation reads (matching, statistics, the replay's).
 _WINDOW_COLUMNS = (*REPLAY_COLUMNS, "seq", "peer", "comm_size")
 PREPARE_ROWS = 1 << 15  # rows per preparation window of whole steps (at least one step)
-WAIT_CLOCK_SLACK_NS = 50_000  # CPU issue times and GPU end times come from different clocks
 
 
 @dataclass
@@ -363,35 +360,26 @@ def prepare_window(df: pl.DataFrame, plan: PreparationPlan, index: int) -> Windo
     )
 
 
-def _merge_windows(
-    parts: list[WindowPart],
-) -> tuple[list[pl.DataFrame], list[pl.DataFrame], list[pl.DataFrame], list[int], list[dict], dict]:
-    """The windows' parts, in window order, with their groups and strings numbered across the job: (per-step
-    statistics, per-rank sums, waiting edges, every rank, the replay's columns, the shared vocabularies). Each part's
-    columns are handed over (the parts keep none)."""
-    vocab: dict[str, dict[str, int]] = {"label": {}, "kind": {}, "comm": {}}
-    ranks: set[int] = set()
-    columns: list[dict] = []
-    offset = 0
-    for part in parts:
-        ranks.update(part.ranks)
-        if part.columns:
-            cols = part.columns
-            cols["group"] = np.where(cols["group"] >= 0, cols["group"] + offset, -1)
-            for name, ids in vocab.items():
-                remap = np.array([0, *(ids.setdefault(v, len(ids) + 1) for v in part.vocab[name])], np.int32)
-                cols[name] = remap[cols[name]]
-            columns.append(cols)
-            part.columns = {}
-        offset += part.n_groups
-    return (
-        [p.per for p in parts],
-        [p.late for p in parts],
-        [p.edges for p in parts],
-        sorted(ranks),
-        columns,
-        vocab,
-    )
+def _consumed(parts: Iterable[WindowPart]) -> Iterator[WindowPart]:
+    """``parts`` one at a time, a list's emptied as it goes (a part is dropped once read)."""
+    if not isinstance(parts, list):
+        yield from parts
+        return
+    parts.reverse()
+    while parts:
+        yield parts.pop()
+
+
+def _numbered(part: WindowPart, vocab: dict[str, dict[str, int]], offset: int) -> dict[str, np.ndarray]:
+    """A window part's replay columns with its matched groups numbered from ``offset`` and its strings by their ids in
+    the job's vocabularies (``vocab``, extended with strings not seen before); the part keeps none."""
+    cols = part.columns
+    part.columns = {}
+    cols["group"] = np.where(cols["group"] >= 0, cols["group"] + offset, -1)
+    for name, ids in vocab.items():
+        remap = np.array([0, *(ids.setdefault(v, len(ids) + 1) for v in part.vocab[name])], np.int32)
+        cols[name] = remap[cols[name]]
+    return cols
 
 
 def _window_statistics(w: pl.DataFrame, m: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
@@ -500,250 +488,6 @@ def _vocab_ids(values: pl.Series, vocab: dict[str, int]) -> np.ndarray:
     return values.replace_strict(vocab, return_dtype=pl.Int64).to_numpy()
 
 
-def _prepare_replay(
-    cols: dict[str, np.ndarray], vocab: dict, issue_model: bool
-) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The replay's arrays from the windows' per-event columns (``_prepare_window``), put in program order (rank,
-    step, start): per event, its previous operation, group, batch, gap and work; the ends observed."""
-    order = np.lexsort((cols["row"], cols["s"], cols["step"], cols["rank"]))
-    # One column at a time, never two copies of all (``q`` is empty without the host-issue model).
-    ev = {name: (lambda v: v[order] if v.size else v)(cols.pop(name)) for name in list(cols)}
-    del order
-    n = ev["row"].size
-    # Indices are held as 32-bit integers while the trace allows it (until planned, the per-event arrays are the
-    # analysis' largest holding); what is computed from them is computed in 64 bits.
-    index = np.int32 if n < 2**31 else np.int64
-    idx = np.arange(n)
-    r = ev.pop("rank")
-    st = ev.pop("step")
-    s = ev.pop("s").astype(np.float64)
-    e_observed = ev.pop("e")
-    e = e_observed.astype(np.float64)
-    # Program order runs across step boundaries: a rank's first operation of a step follows its
-    # last one of the previous step (the replay carries each scenario's own state from step to
-    # step; resetting every step to its observed start would keep a slow rank's lateness carried
-    # over the boundary in the "healthy" job). Only a rank's first operation in the trace starts
-    # at its observed time.
-    same_rank = np.zeros(n, dtype=bool)
-    same_rank[1:] = r[1:] == r[:-1]
-    same = same_rank.copy()
-    same[1:] &= st[1:] == st[:-1]
-    # The most operations of one rank in one step (they follow one another): bounds a chain inside a step.
-    longest = int(np.diff(np.r_[np.flatnonzero(~same), n]).max(initial=1))
-    prev = np.where(same_rank, idx - 1, -1)
-    # Operations a rank issued at the same instant form a batch (grouped send/recv): each waits
-    # for what preceded the batch, and the batch completes together.
-    batched = np.zeros(n, dtype=bool)
-    batched[1:] = same[1:] & (s[1:] == s[:-1])
-    head = np.maximum.accumulate(np.where(~batched, idx, 0))
-    prev = np.where(batched, prev[head], prev).astype(index)
-    batch = np.unique(head, return_inverse=True)[1].astype(index)
-    del same_rank, same, batched, head
-    # Symmetric groups: collectives, and each matched send with its receive (a send completes only
-    # once the receiver has posted the receive: it waits for a late receiver as a receive waits for
-    # a late sender). Local events and unmatched P2P get a group of their own.
-    grp = ev.pop("group")
-    p2p = ev.pop("is_p2p")
-    last_arrival = ev.pop("last_arrival")
-    # A member that completed before the last member arrived contradicts the match (a set-up
-    # collective paired with another instance): its group is replayed as local operations, as
-    # observed. Replayed as a group, the error would carry into every later step.
-    contradicted = (grp >= 0) & (e < last_arrival - WAIT_CLOCK_SLACK_NS)
-    wrong = np.unique(grp[contradicted])
-    matched_ok = (grp >= 0) & ~np.isin(grp, wrong)
-    collective = matched_ok
-    dense = np.where(collective, grp, -1).astype(np.int64)
-    dense[~collective] = grp.max(initial=-1) + 1 + np.arange(int((~collective).sum()))
-    dense = np.unique(dense, return_inverse=True)[1].astype(index)
-    matched = (grp >= 0) | p2p
-    del contradicted, wrong, matched_ok, grp, p2p
-    # Receive -> index of its send in this ordering.
-    rows, partner_row = ev.pop("row"), ev.pop("partner_row")
-    by_row = np.argsort(rows)
-    at = np.minimum(np.searchsorted(rows, partner_row, sorter=by_row), max(n - 1, 0))
-    found = (partner_row >= 0) & (rows[by_row[at]] == partner_row) if n else np.zeros(0, bool)
-    partner = np.where(found, by_row[at] if n else at, -1).astype(index)
-    del rows, partner_row, by_row, at, found, idx
-    # Each step is replayed in its own time frame (relative to its first start: float32 keeps
-    # 0.1 us over a step); an operation that follows one of an earlier step shifts frames.
-    step_ids, inv = np.unique(st, return_inverse=True)
-    begin = np.full(step_ids.size, np.inf)
-    np.minimum.at(begin, inv, s)
-    step_start = begin[inv]
-    n_steps = max(int(step_ids.size), 1)
-    del step_ids, inv, begin
-    safe = np.maximum(prev, 0)
-    shift = np.where(prev >= 0, step_start[safe] - step_start, 0.0)
-    # Operations by number (the labels' strings, held per event, cost more than the rest together):
-    # a label's id, 0 for none (no previous operation), and its occurrence in the rank's step.
-    label = ev.pop("label")
-    prev_label = np.where(prev >= 0, label[safe], 0)
-    occurrence = ev.pop("occurrence")
-    prev_end = np.where(prev >= 0, e[safe], s)
-    if issue_model:
-        q = ev.pop("q")
-        # A rank's first operation is replayed as issued when it started (set-up work enqueued
-        # early says nothing of the step).
-        q = np.minimum(np.maximum(q, np.where(prev < 0, s, -np.inf)), s)
-        prev_q = np.where(prev >= 0, q[safe], s)
-        place_id = _dense_ids(ev.pop("program"), prev_label, label, occurrence)
-        # A step begins once the previous one has completed on the rank (the optimizer needs the
-        # gradients): its first issue is timed from that end, so time a healthy host spent
-        # waiting for a late peer's last collective is not read as its own work.
-        new_step = (prev >= 0) & (st[safe] != st)
-        sync = _host_waits(place_id, prev >= 0, q, prev_q, prev_end) | new_step
-        gap = np.maximum(q - np.where(sync | (prev < 0), prev_end, prev_q), 0.0)
-        launch = np.maximum(s - np.maximum(q, np.where(prev >= 0, prev_end, -np.inf)), 0.0)
-        del q, prev_q, place_id, new_step
-    else:
-        ev.pop("program")
-        sync = np.ones(n, dtype=bool)
-        gap = np.maximum(s - prev_end, 0.0)
-        launch = np.zeros(n)
-    ready = np.where(collective & ~np.isnan(last_arrival), np.maximum(s, last_arrival), s)
-    ready = np.where(partner >= 0, np.maximum(ready, s[np.maximum(partner, 0)]), ready)
-    # Operations posted together complete together (a source may report the batch's end on every
-    # member): what a batch adds is the time from its last member being ready to its end, not a
-    # member's wait for the others.
-    batch_ready = np.full(int(batch.max()) + 1 if n else 0, -np.inf)
-    np.maximum.at(batch_ready, batch, ready)
-    work = np.maximum(e - np.maximum(ready, batch_ready[batch]), 0.0)
-    del ready, batch_ready, prev_end, safe, e, last_arrival, partner
-    arrays = {
-        "prev": prev,
-        "group_dense": dense,
-        "batch": batch,
-        "step_start": step_start,
-        "start_offset": s - step_start,  # read for a rank's first operation only
-        "shift": shift,
-        "sync": sync,
-        "launch": launch,
-        "gap": gap,
-        "work": work,
-        "matched": matched,
-        "rank": r,
-        "step": st,
-        "max_chain": np.int64(4 * longest),  # longest chain inside one step
-        "max_chain_all": np.int64(4 * longest * n_steps),
-    }
-    del s, collective, matched, dense, batch, shift, sync, launch, gap, work, prev
-    # What the what-if compares: an operation's duration with the same operation (kind, shape or
-    # name, occurrence in the step) on every rank and step; a gap with the gap between the same
-    # two operations. Gaps come from launch overhead when compute rows exist, else they are the
-    # compute between communication.
-    arrays["work_key"] = _dense_ids(label, occurrence)
-    arrays["gap_key"] = _dense_ids(prev_label, label, occurrence)
-    del prev_label, label, occurrence
-    arrays["is_compute"] = ev["is_compute"]
-    # Communicators and kinds by id (``comm_names``: the names by id; strings per event cost more than the rest).
-    arrays["comm"] = ev["comm"]
-    arrays["comm_names"] = _names(vocab["comm"])
-    arrays["gaps_are_compute"] = np.bool_(not bool(arrays["is_compute"].any()))
-    # Atoms: the classes of events that every candidate and scenario is a union of (a rank's operations of
-    # one communicator and kind, matched or not, compute or not). The culprit decision works on atoms and
-    # on per-step sums per atom (_ideal_inputs), never on masks over the trace's events; a replay expands
-    # a scenario's atoms to the events of the window it replays.
-    atom = _dense_ids(
-        r,
-        ev["comm"],
-        ev["kind"],
-        arrays["matched"].astype(np.int8),
-        arrays["is_compute"].astype(np.int8),
-    )
-    first = np.unique(atom, return_index=True)[1] if n else np.zeros(0, np.int64)
-    arrays["atom"] = atom
-    arrays["atom_rank"] = r[first]
-    arrays["atom_comm"] = arrays["comm_names"][arrays["comm"][first]]
-    arrays["atom_kind"] = _names(vocab["kind"])[ev["kind"][first]]
-    arrays["atom_matched"] = arrays["matched"][first]
-    arrays["atom_compute"] = arrays["is_compute"][first]
-    arrays["atom_count"] = np.bincount(atom, minlength=first.size)
-    order = np.argsort(st, kind="stable")
-    cuts = np.flatnonzero(np.r_[True, st[order][1:] != st[order][:-1]]) if n else np.zeros(0, np.int64)
-    arrays["step_order"], arrays["step_cuts"] = order, cuts
-    arrays["step_ids"] = st[order][cuts]
-    arrays["step_index"] = np.searchsorted(arrays["step_ids"], st)
-    arrays["step_begin"] = np.minimum.reduceat(step_start[order], cuts) if n else np.zeros(0)
-    # Windows of whole steps (positions in step order) over which the references are taken.
-    per_step = np.diff(np.r_[cuts, n]) if n else np.zeros(0, np.int64)
-    bounds, held = [0], 0
-    for i, size in enumerate(per_step.tolist()):
-        if held and held + size > replay_module.window_events():
-            bounds.append(int(cuts[i]))
-            held = 0
-        held += size
-    arrays["reference_windows"] = np.array([*bounds, n], np.int64)
-    arrays["plan"] = None  # planned once the references are taken (_plan_replay)
-    for name in ("rank", "step", "atom", "step_order", "step_index"):
-        arrays[name] = arrays[name].astype(index, copy=False)
-    return e_observed, arrays  # the replay needs nothing else of the events
-
-
-# Per-event arrays that the replay's windows hold themselves once planned (float32 for the scenarios' replays,
-# float64 for the what-if study's mean ideal; atoms as 32-bit ids).
-_WINDOW_COLUMNS_32 = {"work32": "work", "ideal_work32": "ideal_work", "gap32": "gap", "ideal_gap32": "ideal_gap"}
-_WINDOW_COLUMNS_32 |= {"start_offset32": "start_offset"}
-_WINDOW_COLUMNS_64 = ("mean_gap", "mean_work", "start_offset")
-# Per-event arrays read only while the references and the per-atom sums are taken (_ideal_inputs).
-_REFERENCES = ("matched", "work_key", "gap_key", "comm", "is_compute")
-# Per-event arrays the windows hold once planned (or that planning alone reads).
-_PER_EVENT = ("prev", "group_dense", "batch", "shift", "sync", "launch", "rank", "step", "step_index", "step_order")
-_PER_EVENT += ("gap", "work", "ideal_gap", "ideal_work", *_WINDOW_COLUMNS_64, "atom")
-
-
-def _comms_without_peers(arrays: dict[str, np.ndarray]) -> set[str]:
-    """Communicators none of whose matched operations is compared with another communicator's.
-
-    A transfer's typical duration is that of the same operation (``work_key``) on every rank and
-    step; all members of one collective share one transfer, so for a communicator alone of its
-    kind (the one data-parallel group of a ZeRO/FSDP job) the only reference is its own transfers
-    in other steps. Whatever its noise, it then "saves" what separates its durations from their
-    lower quartile, consistently when the noise is skewed (a collective lasts as long as its
-    slowest member's hiccup: with heavy-tailed noise on 64 ranks, 1-2% of every step), and a slow
-    link on it is indistinguishable from its network's normal speed. Such a communicator is no
-    culprit candidate: no evidence separates it from the job's own noise. Its ranks still are.
-    """
-    matched = arrays["matched"] & ~arrays["is_compute"]
-    if not matched.any():
-        return set()
-    pairs = pl.DataFrame({"key": arrays["work_key"][matched], "comm": arrays["comm"][matched]}).unique()
-    peers = pairs.group_by("key").agg(n=pl.len())
-    with_peers = pairs.join(peers.filter(pl.col("n") > 1), on="key", how="semi").get_column("comm").unique()
-    alone = set(pairs.get_column("comm").unique().to_list()) - set(with_peers.to_list())
-    return {str(arrays["comm_names"][c]) for c in alone}
-
-
-def _plan_replay(arrays: dict[str, np.ndarray]) -> None:
-    """Plan the replay's windows (``replay.step_windows``), first dropping what only the references read. Each
-    window takes its slices of the replay's per-event inputs (``_WINDOW_COLUMNS_32``, ``_WINDOW_COLUMNS_64``, the
-    atoms); once planned, nothing per event stays in ``arrays`` (the windows are spilled to a file when there are
-    several: between replays, memory holds per-step and per-atom sums). A dependency cycle (no plan) keeps the
-    per-event arrays for the whole-trace fallback, with the float32 inputs beside them."""
-    for name in _REFERENCES:
-        arrays.pop(name, None)
-    columns = {name: (arrays[source], np.float32) for name, source in _WINDOW_COLUMNS_32.items()}
-    columns |= {name: (arrays[name], np.float64) for name in _WINDOW_COLUMNS_64}
-    columns["atom"] = (arrays["atom"], np.int32 if arrays["atom_count"].size < 2**31 else np.int64)
-    arrays["plan"] = step_windows(arrays, columns=columns)
-    del columns
-    if arrays["plan"] is None:
-        for name, source in _WINDOW_COLUMNS_32.items():
-            arrays[name] = arrays[source].astype(np.float32)
-        return
-    for name in _PER_EVENT:
-        arrays.pop(name, None)
-
-
-def _dense_ids(*columns: np.ndarray) -> np.ndarray:
-    """Per row, the dense id (0, 1, ...) of its tuple of values in ``columns``, in their sorted order."""
-    order = np.lexsort(columns[::-1])
-    new = np.zeros(order.size, dtype=bool)
-    new[1:] = np.any([c[order][1:] != c[order][:-1] for c in columns], axis=0)
-    ids = np.empty(order.size, np.int64)
-    ids[order] = np.cumsum(new)
-    return ids
-
-
 def _names(vocab: dict[str, int]) -> np.ndarray:
     """The strings of a vocabulary (``_vocab_ids``) by id, as an object array: indexed by ids, equal strings are
     one object (a pointer per event, not a string)."""
@@ -752,215 +496,6 @@ def _names(vocab: dict[str, int]) -> np.ndarray:
     for value, i in vocab.items():
         names[i] = value
     return names
-
-
-def _host_waits(
-    place: np.ndarray, has_prev: np.ndarray, q: np.ndarray, prev_q: np.ndarray, prev_end: np.ndarray
-) -> np.ndarray:
-    """Per event: did the host wait for the previous operation to complete before issuing it?
-
-    Issuing after the previous operation ended does not prove a wait: a rank whose compute
-    outlasts the operation (a straggler, or anyone when the operation was delayed) issues after
-    the end anyway. Whether a host waits is a property of the program, so it is decided per place
-    in it (the rank's program in the step, previous operation, operation, occurrence), over every
-    rank and step running that program: it waits when the issue (nearly) always follows the end
-    and the time from the end varies less than the time from the previous issue (a wait absorbs
-    the others' lateness; compute does not).
-
-    Variation is the mean absolute deviation from the median, which weighs every instance. Not
-    the interquartile range: with one straggler in four ranks, the straggler is a quarter of the
-    instances and both quartiles sit on the edge between it and the healthy ranks, so the range
-    compared the healthy ranks' extremes and one step's hiccup flipped the decision (a simulated
-    DDP job read as x1.03 instead of x1.58, depending on how many steps were analysed).
-    """
-    if not has_prev.any():
-        return np.zeros(q.size, dtype=bool)
-    after = q >= prev_end - WAIT_CLOCK_SLACK_NS
-    frame = pl.DataFrame(
-        {"place": place, "after": after, "from_issue": q - prev_q, "from_end": q - prev_end, "ok": has_prev}
-    ).filter(pl.col("ok"))
-    spread = lambda c: (pl.col(c) - pl.col(c).median()).abs().mean()  # noqa: E731
-    votes = frame.group_by("place").agg(
-        waits=(pl.col("after").mean() >= 0.9) & (spread("from_end") <= spread("from_issue"))
-    )
-    waits = np.zeros(int(place.max()) + 1, dtype=bool)
-    waits[votes.get_column("place").to_numpy()] = votes.get_column("waits").to_numpy()
-    return has_prev & waits[place] & (q >= prev_end)
-
-
-def _quantiles(arrays: dict[str, np.ndarray], key: np.ndarray, values: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
-    """Per event (rows) and quantile (columns): the ``q`` quantile of ``values`` over every event with the same key
-    (NaN if none); see ``_key_quantiles``."""
-    return _key_quantiles(arrays, key, values, qs)[key]
-
-
-def _key_quantiles(
-    arrays: dict[str, np.ndarray], key: np.ndarray, values: np.ndarray, qs: tuple[float, ...]
-) -> np.ndarray:
-    """Per key (rows) and quantile (columns): the ``q`` quantile of ``values`` over every event with the key (NaN if
-    none), exact, from counting passes over windows of whole steps (``keyed_quantiles``): no pass holds more than one
-    window's values and, per key, a few intervals' worth.
-
-    The healthy job takes the lower quartile, not the median: when half the peers are slow (one of two pipeline
-    stages), the median is half slow; the lower quartile still describes the healthy ones.
-    """
-    order, bounds = arrays["step_order"], arrays["reference_windows"]
-
-    def parts() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        for a, b in pairwise(bounds):
-            events = order[a:b]
-            yield key[events], values[events]
-
-    return keyed_quantiles(parts, int(key.max(initial=-1)) + 1, qs)
-
-
-def _mean(key: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Per event, the mean of ``values`` over every event with the same key (NaN if none)."""
-    return _key_means(key, values)[key]
-
-
-def _key_means(key: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Per key, the mean of ``values`` over every event with the key (NaN if none)."""
-    frame = pl.DataFrame({"k": key, "v": values}).filter(pl.col("v").is_not_nan())
-    m = frame.group_by("k").agg(pl.col("v").mean())
-    out = np.full(int(key.max(initial=0)) + 1, np.nan)
-    out[m.get_column("k").to_numpy()] = m.get_column("v").to_numpy()
-    return out
-
-
-def _ideal_inputs(arrays: dict[str, np.ndarray], stage: np.ndarray | None = None) -> None:
-    """Per event: healthy (at most the lower quartile) and mean gap and work; per (rank, step) and per (atom,
-    step): the summed excess over the median.
-
-    ``stage`` (per event, the rank's pipeline stage, or None) matters when the gaps are the compute
-    (no compute rows): see _stage_gap_reference.
-    """
-    gap, work = arrays["gap"], arrays["work"]
-    n = gap.size
-    # The references per key (or, for a pipeline's compute gaps, per event: _stage_gap_reference); what they
-    # give per event is worked out window by window of whole steps, so no per-event quartile, median or
-    # excess is held over the whole trace.
-    gap_ref = _stage_gap_reference(arrays, stage)
-    work_q = _key_quantiles(arrays, arrays["work_key"], work, (0.25, 0.5))
-    work_mean = _key_means(arrays["work_key"], work)
-    if gap_ref is None:
-        gap_q = _key_quantiles(arrays, arrays["gap_key"], gap, (0.25, 0.5))
-        gap_mean = _key_means(arrays["gap_key"], gap)
-    n_steps = arrays["step_ids"].size
-    rank_ids = np.unique(arrays["rank"])
-    per = np.zeros((rank_ids.size, n_steps))
-    n_atoms = arrays["atom_count"].size
-    atom_sums = {name: np.zeros(n_atoms * n_steps) for name in ("work", "gap")}
-    rank_stage = np.full(rank_ids.size, -1, dtype=np.int64)
-    for name in ("ideal_gap", "ideal_work", "mean_gap", "mean_work"):
-        arrays[name] = np.empty(n)
-    order = arrays["step_order"]
-    for a, b in pairwise(arrays["reference_windows"]):
-        events = order[a:b]
-        g, w = gap[events], work[events]
-        if gap_ref is None:
-            k = arrays["gap_key"][events]
-            q_gap, med_gap, mean_gap = gap_q[k, 0], gap_q[k, 1], gap_mean[k]
-        else:
-            q_gap, med_gap, mean_gap = (ref[events] for ref in gap_ref)
-        k = arrays["work_key"][events]
-        q_work, med_work, mean_work = work_q[k, 0], work_q[k, 1], work_mean[k]
-        arrays["ideal_gap"][events] = np.where(np.isnan(q_gap), g, np.minimum(g, q_gap))
-        arrays["ideal_work"][events] = np.where(np.isnan(q_work), w, np.minimum(w, q_work))
-        # The what-if study's ideal: every operation at its mean over ranks and steps.
-        arrays["mean_gap"][events] = np.where(np.isnan(mean_gap), g, mean_gap)
-        arrays["mean_work"][events] = np.where(np.isnan(mean_work), w, mean_work)
-        excess = {"gap": np.nan_to_num(g - med_gap), "work": np.nan_to_num(w - med_work)}
-        # Per rank and step: the rank's total excess. A candidate is compared with the ranks outside
-        # it (see _rank_excess), so half the job being slow does not move its reference. A (rank, step)
-        # or (atom, step) cell lies in one window and its events keep their order: the sums are those
-        # over the whole trace, to the bit.
-        rank_index, step_index = np.searchsorted(rank_ids, arrays["rank"][events]), arrays["step_index"][events]
-        np.add.at(per, (rank_index, step_index), excess["work"] + excess["gap"])
-        # Per atom and step: its events' summed excess, durations and gaps apart; what _excess reads.
-        cell = arrays["atom"][events].astype(np.int64) * n_steps + step_index
-        for name, values in excess.items():
-            atom_sums[name] += np.bincount(cell, weights=values, minlength=n_atoms * n_steps)
-        if stage is not None:
-            rank_stage[rank_index] = stage[events]
-    arrays["rank_excess"] = per
-    for name, sums in atom_sums.items():
-        arrays[f"atom_excess_{name}"] = sums.reshape(n_atoms, n_steps)
-    arrays["rank_ids"] = rank_ids
-    if gap_ref is not None and stage is not None:
-        # Each rank's stage, for comparing a rank with the others of its stage (_rank_excess).
-        arrays["rank_stage"] = rank_stage
-
-
-def _stage_gap_reference(
-    arrays: dict[str, np.ndarray], stage: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Per event: lower quartile, median and mean a compute gap is compared with, in a pipeline.
-
-    Without compute rows the gaps between communication are the compute, and the stages of a
-    pipeline run different programs: the k-th gap between two tensor-parallel all-reduces is a
-    forward on one stage and a backward on the next (1F1B), so comparing the same place across
-    stages compares different work. Each gap is therefore compared with the same place of the
-    same stage's program (its DP/TP/CP peers, every step), and the stages with each other by the
-    only measure they share: their compute per step (the sum of the typical gaps of the stage's
-    program). A stage whose typical compute per step is longer than the job's reference has its
-    gaps scaled down to it: the lower quartile over ranks of the stages' compute for the healthy
-    job, the median for the excess, the mean for the what-if study's ideal. None when there is
-    nothing to separate (compute rows, no pipeline, one stage).
-    """
-    if stage is None or not bool(arrays["gaps_are_compute"]):
-        return None
-    valid = stage >= 0
-    if np.unique(stage[valid]).size < 2:
-        return None
-    gap = arrays["gap"]
-    key = pl.DataFrame({"s": stage, "k": arrays["gap_key"]}).select(
-        pl.struct("s", "k").rank("dense").cast(pl.Int64) - 1
-    )
-    key = key.to_series().to_numpy()
-    (q, med), mean = _quantiles(arrays, key, gap, (0.25, 0.5)).T, _mean(key, gap)
-    # Per (rank, step): the typical compute of the program it ran (operations posted together
-    # share one gap: counted once); per stage, its median.
-    head = np.zeros(gap.size, dtype=bool)
-    head[np.unique(arrays["batch"], return_index=True)[1]] = True
-    rs = pl.DataFrame(
-        {
-            "rank": arrays["rank"],
-            "step": arrays["step"],
-            "stage": stage,
-            "typical": np.where(head, np.nan_to_num(med), 0.0),
-        }
-    ).filter(pl.col("stage") >= 0)
-    per_rank_step = rs.group_by("rank", "step").agg(pl.col("stage").first(), pl.col("typical").sum())
-    per_stage = per_rank_step.group_by("stage").agg(pl.col("typical").median())
-    stages = per_stage.get_column("stage").to_numpy()
-    totals = per_stage.get_column("typical").to_numpy()
-    if totals.size == 0 or totals.min() <= 0:
-        return None
-    # Over ranks: each stage counts as many times as it has ranks.
-    by_rank = (
-        per_rank_step.group_by("rank")
-        .agg(pl.col("stage").first())
-        .join(per_stage, on="stage")
-        .sort("rank")  # a fixed order for the mean below (group_by's order varies from run to run)
-        .get_column("typical")
-        .to_numpy()
-    )
-    lookup = np.full(int(stages.max()) + 1, np.nan)
-    lookup[stages] = totals
-    own = np.where(valid, lookup[np.maximum(stage, 0)], np.nan)
-
-    def scaled(values: np.ndarray, reference: float, clip: bool) -> np.ndarray:
-        factor = reference / own
-        if clip:
-            factor = np.minimum(factor, 1.0)
-        return np.where(valid, values * factor, values)
-
-    return (
-        scaled(q, float(np.quantile(by_rank, 0.25)), True),
-        scaled(med, float(np.median(by_rank)), False),
-        scaled(mean, float(by_rank.mean()), False),
-    )
 
 
 @dataclass(frozen=True)
@@ -1358,15 +893,32 @@ def analyse_stragglers(
 def report_from_windows(
     facts: JobFacts,
     plan: PreparationPlan,
-    parts: list[WindowPart],
+    parts: Iterable[WindowPart],
     min_gain: float = 0.005,
     max_culprit_groups: int = 3,
 ) -> StragglerReport:
     """The straggler report from the job's facts and its windows' parts (``prepare_window``, in window order; the
     parts are consumed): the merge of a windowed analysis."""
     evidence, step_source = facts.evidence, facts.step_source
-    pers, lates, edge_parts, ranks_all, columns, vocab = _merge_windows(parts)
-    parts.clear()
+    # The windows one at a time, in window order: their statistics' sums kept, their replay columns prepared
+    # (``ReplayInputs.add``) with their groups and strings numbered across the job, then dropped.
+    vocab: dict[str, dict[str, int]] = {"label": {}, "kind": {}, "comm": {}}
+    ranks: set[int] = set()
+    pers, lates, edge_parts = [], [], []
+    inputs = ReplayInputs(plan.issue_model) if evidence is None else None
+    offset = 0
+    for part in _consumed(parts):
+        ranks.update(part.ranks)
+        pers.append(part.per)
+        lates.append(part.late)
+        edge_parts.append(part.edges)
+        if part.columns:
+            columns = _numbered(part, vocab, offset)
+            if inputs is not None:
+                inputs.add(columns)
+            del columns
+        offset += part.n_groups
+    ranks_all = sorted(ranks)
 
     # Per (step, rank): lateness, waiting, time outside communication.
     per = pl.concat(pers).sort("_step", "rank")
@@ -1419,21 +971,10 @@ def report_from_windows(
     )
     del pers, lates, edge_parts
     # What-if replay: observed, ideal, and one subset's slowness restored or removed at a time.
-    if evidence is None and columns:
-        # One column at a time, each window's part freed as it is copied: never two copies of the columns.
-        merged = {name: np.concatenate([c.pop(name) for c in columns]) for name in list(columns[0])}
-        columns.clear()
-        e_obs, arrays = _prepare_replay(merged, vocab, plan.issue_model)
-    else:
-        e_obs, arrays = np.zeros(0), {}
-    observed = _step_times(arrays, e_obs.astype(np.float64) - arrays["step_start"]) if e_obs.size else np.zeros(0)
-    n_ev = e_obs.size
-    del e_obs
-    arrays.pop("step_start", None)  # the observed ends and the steps' frames: read for the observed step times only
+    n_ev = inputs.n if inputs is not None else 0
+    observed = inputs.observed_times() if n_ev and inputs is not None else np.zeros(0)
     if evidence is None and (observed.size == 0 or float(observed.sum()) <= 0):
         evidence = "insufficient: no step with timed operations on two or more ranks"
-    n_atoms = int(arrays["atom_count"].size) if n_ev else 0
-    everything, nothing = np.ones(n_atoms, bool), np.zeros(n_atoms, bool)
     coords, rank_coord = facts.coords, facts.rank_coord
     coordinates = "input" if coords else "none"
     if facts.infer and evidence is None:
@@ -1446,11 +987,25 @@ def report_from_windows(
         for c in coords:
             for value, grp in sorted(rank_coord.group_by(c), key=lambda kv: kv[0][0]):
                 subsets.append((f"{c.removesuffix('_rank')}={value[0]}", set(grp.get_column("rank").to_list())))
-    kinds = sorted({str(k) for k in arrays.get("atom_kind", np.zeros(0, str))}) if n_ev else []
-    gap_kind = "compute (between communication)" if n_ev and arrays["gaps_are_compute"] else "launch gaps"
     report_kwargs: dict = {}
     if evidence is not None or n_ev == 0:
-        subsets, kinds = [], []
+        subsets = []
+    arrays: dict = {}
+    if subsets and inputs is not None:
+        stage_of_rank = None
+        if rank_coord is not None and "pp_rank" in rank_coord.columns:
+            # Each rank's pipeline stage (-1 for a rank without one).
+            stage_of_rank = dict(zip(*(rank_coord.get_column(c).to_list() for c in ("rank", "pp_rank")), strict=True))
+        arrays = inputs.finish(stage_of_rank)
+        comm_names, kind_names = _names(vocab["comm"]), _names(vocab["kind"])
+        arrays["atom_comm"] = comm_names[arrays.pop("atom_comm_id")]
+        arrays["atom_kind"] = kind_names[arrays.pop("atom_kind_id")]
+        alone = {str(comm_names[c]) for c in arrays.pop("alone")}
+    del inputs
+    n_atoms = int(arrays["atom_count"].size) if arrays else 0
+    everything, nothing = np.ones(n_atoms, bool), np.zeros(n_atoms, bool)
+    kinds = sorted({str(k) for k in arrays["atom_kind"]}) if arrays else []
+    gap_kind = "compute (between communication)" if arrays and arrays["gaps_are_compute"] else "launch gaps"
     # A candidate: ranks (all their gaps and durations) or a communicator (its transfers only: a
     # slow link slows every member's operations on it, none of their compute).
     cands: dict[str, _Candidate] = {}
@@ -1464,19 +1019,8 @@ def report_from_windows(
             members = set(np.unique(arrays["atom_rank"][m]).tolist())
             if len(members) > 1:
                 cands[f"comm={comm}"] = _Candidate(members, m, nothing)
-    if subsets:
-        stage = None
-        if rank_coord is not None and "pp_rank" in rank_coord.columns:
-            # Per event, its rank's pipeline stage (-1 for a rank without one).
-            ranks_with, stage_of = (rank_coord.get_column(c).to_numpy().astype(np.int64) for c in ("rank", "pp_rank"))
-            lookup = np.full(max(int(arrays["rank"].max()), int(ranks_with.max())) + 1, -1, dtype=np.int64)
-            lookup[ranks_with] = stage_of
-            stage = lookup[arrays["rank"]]
-        _ideal_inputs(arrays, stage)
-        alone = _comms_without_peers(arrays)
-        _plan_replay(arrays)
         # Communicators are culprit candidates only when their transfers were slower than jitter,
-        # and when something else says what they should take: see _comms_without_peers.
+        # and when something else says what they should take: see ReplayInputs.comms_without_peers.
         for name in [n for n in cands if n.startswith("comm=")]:
             if name.removeprefix("comm=") in alone or not _significant(_excess(arrays, cands[name].work, nothing)):
                 del cands[name]
