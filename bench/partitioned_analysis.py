@@ -509,10 +509,10 @@ def _stragglers_reduce(out: str, windows: int) -> str:
     plan = st.PreparationPlan.from_stored(*_load_doc(f"{out}-plan"))
     facts = st.JobFacts.from_stored(*_load_doc(f"{out}-facts"))
     names = ("per", "late", "edges", "columns", "vocab", "meta")
-    parts = [
+    parts = (
         st.WindowPart.from_frames({n: pl.read_parquet(f"{out}-part-{i:06d}-{n}.parquet") for n in names})
         for i in range(windows)
-    ]
+    )
     return json.dumps(st.report_from_windows(facts, plan, parts).to_dict(), default=str)
 
 

@@ -568,10 +568,12 @@ def _stragglers_reduce(job_id: int, attempt: int, count: int, params: dict[str, 
     plan = PreparationPlan.from_stored(*_read_stored(f"{run}/stragglers-plan"))
     facts = JobFacts.from_stored(*_read_stored(f"{run}/stragglers-facts"))
     names = ("per", "late", "edges", "columns", "vocab", "meta")
-    parts = [
+    # Read one at a time as the merge reaches them (each window's replay columns are prepared and dropped before
+    # the next is read), never every window's part at once.
+    parts = (
         WindowPart.from_frames({name: _read_frame(f"{run}/part-{i:06d}-{name}.parquet") for name in names})
         for i in range(count)
-    ]
+    )
     return report_from_windows(facts, plan, parts, min_gain=params["min_gain"]).to_dict()
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from comminsight.analysis import replay, stragglers
+from comminsight.analysis import replay, replay_inputs, stragglers
 from comminsight.analysis.stragglers import analyse_stragglers
 from comminsight.importers import load
 from comminsight.simulator.tracegen import Fault, Layout, generate
@@ -303,22 +303,32 @@ def test_planned_windows_read_back_from_their_file_equal_the_windows_held_in_mem
             assert np.array_equal(x, y)
 
 
-def test_between_replays_nothing_per_event_is_held_once_the_windows_are_planned(
+def test_the_replay_inputs_are_prepared_one_window_at_a_time_and_nothing_per_event_is_held_once_planned(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     table = _generated(tmp_path)
-    seen: list[tuple[int, dict]] = []
-    plan = stragglers._plan_replay
+    added: list[int] = []
+    held: list[dict] = []
+    add, finish = replay_inputs.ReplayInputs.add, replay_inputs.ReplayInputs.finish
 
-    def planned(arrays: dict) -> None:
-        events = int(arrays["atom_count"].sum())
-        plan(arrays)
-        seen.append((events, {k: v.size for k, v in arrays.items() if isinstance(v, np.ndarray) and v.ndim == 1}))
+    def counted(self: replay_inputs.ReplayInputs, cols: dict) -> None:
+        added.append(int(cols["row"].size))
+        add(self, cols)
 
+    def finished(self: replay_inputs.ReplayInputs, stage: object) -> dict:
+        arrays = finish(self, stage)  # type: ignore[arg-type]
+        held.append({k: v.size for k, v in arrays.items() if isinstance(v, np.ndarray) and v.ndim == 1})
+        return arrays
+
+    monkeypatch.setattr(stragglers, "PREPARE_ROWS", 1)
     monkeypatch.setattr(replay, "window_events", lambda: 1)
-    monkeypatch.setattr(stragglers, "_plan_replay", planned)
+    monkeypatch.setattr(replay_inputs.ReplayInputs, "add", counted)
+    monkeypatch.setattr(replay_inputs.ReplayInputs, "finish", finished)
     report = analyse_stragglers(table).to_dict()
     assert report["culprits"]
-    ((events, sizes),) = seen
-    # Per step, per rank, per atom: far fewer than the job's events; the windows (one per step here) hold the rest.
-    assert events > 4 * max(sizes.values())
+    # One window (here one step) of events handed over at a time, never the trace's events at once.
+    assert len(added) == len(report["per_step"]) > 1
+    assert max(added) <= 2 * sum(added) / len(added)
+    # Once planned: per step, per rank, per atom; far fewer than the job's events; the windows hold the rest.
+    (sizes,) = held
+    assert sum(added) > 4 * max(sizes.values())

@@ -40,7 +40,8 @@ from comminsight.analysis.keyed_quantiles import keyed_quantiles
 
 WAIT_CLOCK_SLACK_NS = 50_000  # CPU issue times and GPU end times come from different clocks
 SINGLE = np.int64(1) << 62  # group ids of events that form no group: after every matched group's, in event order
-# Per-event arrays written by ``ReplayInputs.add`` and the dtypes they are stored as.
+# What a window passes to the next per rank: its last operation's (global) index, end, issue time, label, step and
+# the step's begin.
 _CARRIED_OUT = ("index", "e", "q", "label", "step", "step_start")
 
 
@@ -127,7 +128,7 @@ class ReplayInputs:
     """The replay's inputs of a job, prepared window by window (module doc). ``add`` each window's columns
     (``stragglers._prepare_window``, strings and groups numbered across the job) in step order, then ``finish``."""
 
-    def __init__(self, issue_model: bool, comm_names: np.ndarray | None = None) -> None:
+    def __init__(self, issue_model: bool) -> None:
         self.issue_model = issue_model
         self.blocks = _Blocks()
         self.n = 0  # events so far (the next window's first global index)

@@ -37,10 +37,11 @@
    Without timings the report says the evidence is insufficient instead of guessing.
 
 Matching, the indices' per-step sums and the replay's per-event columns are prepared window by window of whole
-steps (``_preparation_windows``: no window cuts a collective or a send/receive pair), last window first; the
-windows' columns are then merged for the numpy part of the preparation and the references, which run over every
-event at once. The replay's windows are then planned one at a time and spilled (``replay.WindowStore``): the
-replays and the culprit rounds hold no per-event array.
+steps (``_preparation_windows``: no window cuts a collective or a send/receive pair); the windows are then read one
+at a time, in order, and turned into the replay's inputs (``analysis.replay_inputs``: program order with each rank's
+last operation carried from window to window, the references from passes over the windows, the replay's windows
+planned and spilled, ``replay.WindowStore``): no step of the analysis holds every event at once, and the replays
+and the culprit rounds hold no per-event array.
 """
 
 from __future__ import annotations
