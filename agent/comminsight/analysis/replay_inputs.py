@@ -211,7 +211,11 @@ class ReplayInputs:
             q = ev.pop("q")
             q = np.minimum(np.maximum(q, np.where(~has_prev, s, -np.inf)), s)
             prev_q = np.where(has_prev, _gather(prev, carried, q, carry["q"], 0.0), s)
-            place = self.places(ev.pop("program").view(np.int64), prev_label, label, occurrence)
+            # Numbered only where there is a previous operation (the votes read no other place).
+            place = np.zeros(n, np.int32)
+            program = ev.pop("program").view(np.int64)
+            place[has_prev] = self.places(*(c[has_prev] for c in (program, prev_label, label, occurrence)))
+            del program
             new_step = has_prev & (_gather(prev, carried, st, carry["step"], 0) != st)
             block |= {"q": q, "prev_q": prev_q, "prev_end": prev_end, "place": place, "new_step": new_step}
             block["has_prev"] = has_prev
@@ -292,10 +296,23 @@ class ReplayInputs:
 
     # Step 2: host-wait votes.
     def _waits(self) -> np.ndarray:
-        """Per place in the program: does the host wait for the previous operation to complete before issuing?
-        (``stragglers``' host-issue model: it waits when the issue (nearly) always follows the end and the time
-        from the end varies less, in mean absolute deviation from the median, than the time from the previous
-        issue; over every rank and step running that place.)"""
+        """Per place in the program (``places``): does the host wait for the previous operation to complete before
+        issuing?
+
+        Issuing after the previous operation ended does not prove a wait: a rank whose compute outlasts the
+        operation (a straggler, or anyone when the operation was delayed) issues after the end anyway. Whether a
+        host waits is a property of the program, so it is decided per place in it (the rank's program in the step,
+        previous operation, operation, occurrence), over every rank and step running that program: it waits when
+        the issue (nearly) always follows the end and the time from the end varies less than the time from the
+        previous issue (a wait absorbs the others' lateness; compute does not).
+
+        Variation is the mean absolute deviation from the median, which weighs every instance. Not the
+        interquartile range: with one straggler in four ranks, the straggler is a quarter of the instances and both
+        quartiles sit on the edge between it and the healthy ranks, so the range compared the healthy ranks'
+        extremes and one step's hiccup flipped the decision (a simulated DDP job read as x1.03 instead of x1.58,
+        depending on how many steps were analysed). Medians by counting passes over the windows
+        (``keyed_quantiles``), then the deviations as sums: exact, of integer nanoseconds or halves.
+        """
         n_places = len(self.places)
 
         def values(name: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -476,8 +493,16 @@ class ReplayInputs:
         return arrays
 
     def _comms_without_peers(self) -> set[int]:
-        """Communicators (ids) none of whose matched operations is compared with another communicator's (see
-        ``stragglers``)."""
+        """Communicators (ids) none of whose matched operations is compared with another communicator's.
+
+        A transfer's typical duration is that of the same operation (work key) on every rank and step; all members
+        of one collective share one transfer, so for a communicator alone of its kind (the one data-parallel group
+        of a ZeRO/FSDP job) the only reference is its own transfers in other steps. Whatever its noise, it then
+        "saves" what separates its durations from their lower quartile, consistently when the noise is skewed (a
+        collective lasts as long as its slowest member's hiccup: with heavy-tailed noise on 64 ranks, 1-2% of every
+        step), and a slow link on it is indistinguishable from its network's normal speed. Such a communicator is
+        no culprit candidate: no evidence separates it from the job's own noise. Its ranks still are.
+        """
         communicators: dict[int, set[int]] = {}
         for key, comm in self.comm_keys:
             communicators.setdefault(key, set()).add(comm)

@@ -22,7 +22,7 @@
    job has every operation and gap at its mean over ranks and steps (``slowdown.ratio`` =
    observed / ideal); the healthy job has each at most its lower quartile. Without compute rows
    in a pipeline, a compute gap is compared within its stage's program and the stages by their
-   compute per step (``_stage_gap_reference``). Attribution replays
+   compute per step (``replay_inputs._StageReference``). Attribution replays
    the healthy job with one subset's observed durations restored (a rank, a DP/PP/TP group, a
    communicator, an operation kind): ``slowdown_ratio`` >= 1 by construction.
 5. **Culprits** are chosen greedily by removal (the subset whose slowness costs most, then again
@@ -588,7 +588,7 @@ def _rank_excess(
     # In a pipeline without compute rows, a member is compared with the ranks outside the set that
     # run its stage's program when there are two or more (a victim of a slow stage-1 TP link in
     # stage 0 against stage 0's other replicas), else with every rank outside the set (a whole
-    # stage against the other stages, made comparable by _stage_gap_reference).
+    # stage against the other stages, made comparable by replay_inputs._StageReference).
     stage = arrays.get("rank_stage")
     member = np.isin(arrays["rank_ids"], list(ranks))
     refs: list[tuple[int, np.ndarray]] = []
@@ -886,9 +886,16 @@ def analyse_stragglers(
     # Window by window of whole steps: matching, the per-rank statistics' sums and the replay's per-event
     # columns; what must be global (the send/receive pairs, the roles, which model of the host) first.
     plan = plan_preparation(df, prepare=facts.evidence is None)
-    parts = [prepare_window(df, plan, i) for i in range(len(plan.windows))]
+    # Each window prepared as the merge reaches it: one window's columns at a time, never every window's; the
+    # table is let go once the last window is prepared.
+    parts = _prepared(df, plan)
     del df
     return report_from_windows(facts, plan, parts, min_gain, max_culprit_groups)
+
+
+def _prepared(df: pl.DataFrame, plan: PreparationPlan) -> Iterator[WindowPart]:
+    for i in range(len(plan.windows)):
+        yield prepare_window(df, plan, i)
 
 
 def report_from_windows(
@@ -1021,7 +1028,7 @@ def report_from_windows(
             if len(members) > 1:
                 cands[f"comm={comm}"] = _Candidate(members, m, nothing)
         # Communicators are culprit candidates only when their transfers were slower than jitter,
-        # and when something else says what they should take: see ReplayInputs.comms_without_peers.
+        # and when something else says what they should take: see ReplayInputs._comms_without_peers.
         for name in [n for n in cands if n.startswith("comm=")]:
             if name.removeprefix("comm=") in alone or not _significant(_excess(arrays, cands[name].work, nothing)):
                 del cands[name]
