@@ -27,13 +27,15 @@ Two measures, both printed with the median over rounds and the range:
   --format json`` against a three-line HTA script, alternately, imports included. Each runs once first,
   not counted, with ``PYTHONDONTWRITEBYTECODE`` removed from its environment, so both start from
   bytecode caches as an installed package does (pip compiles them at install; HTA's are in
-  site-packages) and the traces are in the page cache for both.
+  site-packages) and the traces are in the page cache for both. With ``--baseline REV`` the command of
+  this repository's commit REV (``git archive`` of it, run with this Python) takes its turn in each
+  round too, and the summary gives old / new CPU seconds: old code against new in the same run.
 
 HTA is a benchmark-only dependency (requirements/bench.txt); without it the comparison is skipped
 with a message and only CommInsight is timed.
 
     .venv/bin/python bench/stragglers.py [--traces DIR | --synthetic [--ranks 8] [--steps 20] [--slow-rank 5]
-        | --sets recorded,small,medium,large] [--rounds 9] [--cold-rounds 5]
+        | --sets recorded,small,medium,large] [--rounds 9] [--cold-rounds 5] [--baseline REV]
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ from pathlib import Path
 
 import numpy as np
 
-RECORDED = Path(__file__).resolve().parent.parent / "tests/data/kineto_gpu_lab_8rank"
+ROOT = Path(__file__).resolve().parent.parent
+RECORDED = ROOT / "tests/data/kineto_gpu_lab_8rank"
 
 
 def write_traces(
@@ -374,18 +377,29 @@ _HTA_SCRIPT = (
 )
 
 
-def _user_environment() -> dict[str, str]:
+def _user_environment(tree: Path | None = None) -> dict[str, str]:
     """This environment, less what makes a fresh interpreter slower than a user's: without bytecode
     caches (PYTHONDONTWRITEBYTECODE, set in some development shells) every module of the source tree
-    would be compiled again in every run."""
-    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    would be compiled again in every run. With ``tree``: its CommInsight first on the module path."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(tree / "agent"), str(tree / "inject"), env.get("PYTHONPATH", "")])
+    return env
 
 
-def _timed_process(argv: list[str]) -> tuple[float, float, str]:
+def checkout(rev: str, where: Path) -> Path:
+    """The tree of commit ``rev`` of this repository, unpacked at ``where`` (run with this tree's Python)."""
+    where.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", rev, "agent", "inject"], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive.stdout, check=True)
+    return where
+
+
+def _timed_process(argv: list[str], tree: Path | None = None) -> tuple[float, float, str]:
     """(wall seconds, CPU seconds of the process and its children, stdout) of one fresh process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=_user_environment())
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=_user_environment(tree))
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode:
@@ -394,10 +408,11 @@ def _timed_process(argv: list[str]) -> tuple[float, float, str]:
     return wall, cpu, done.stdout
 
 
-def cold_report(trace_dir: Path, hta_dir: Path, rounds: int) -> dict[str, str]:
+def cold_report(trace_dir: Path, hta_dir: Path, rounds: int, baseline: Path | None = None) -> dict[str, str]:
     """Each tool as a user runs it, in a fresh interpreter per round (imports included), alternately:
-    ``comminsight analyze stragglers DIR --format json`` against a three-line HTA script. A first run
-    of each is not counted (it writes any missing bytecode cache and reads the traces into the page cache)."""
+    ``comminsight analyze stragglers DIR --format json`` against a three-line HTA script (and the same
+    command of the ``baseline`` tree, when given). A first run of each is not counted (it writes any
+    missing bytecode cache and reads the traces into the page cache)."""
     cli = [sys.executable, "-c", "from comminsight.cli import main; main()", "analyze", "stragglers"]
     ours_argv = [*cli, str(trace_dir), "--format", "json"]
     hta_argv = [sys.executable, "-c", _HTA_SCRIPT, str(hta_dir)]
@@ -407,8 +422,14 @@ def cold_report(trace_dir: Path, hta_dir: Path, rounds: int) -> dict[str, str]:
         print(f"fresh processes skipped: {exc}")
         return {}
     print(f"first fresh runs, not counted: CommInsight {first_ours[0]:.3f} s, HTA {first_hta[0]:.3f} s")
-    ours_wall, ours_cpu, hta_wall, hta_cpu = [], [], [], []
+    if baseline is not None:
+        _timed_process(ours_argv, baseline)
+    ours_wall, ours_cpu, hta_wall, hta_cpu, old_cpu = [], [], [], [], []
     for round_ in range(rounds):
+        if baseline is not None:
+            _, cpu, out = _timed_process(ours_argv, baseline)
+            old_cpu.append(cpu)
+            print(f"cold round {round_ + 1}: baseline CLI CPU {cpu:.3f} s, culprits {json.loads(out)['culprits']}")
         wall, cpu, out = _timed_process(ours_argv)
         culprits = json.loads(out)["culprits"]
         theirs_wall, theirs_cpu, answer = _timed_process(hta_argv)
@@ -430,7 +451,15 @@ def cold_report(trace_dir: Path, hta_dir: Path, rounds: int) -> dict[str, str]:
         f"(min x{min(wall_ratios):.1f}, max x{max(wall_ratios):.1f}), x{statistics.median(cpu_ratios):.1f} CPU "
         f"(min x{min(cpu_ratios):.1f}, max x{max(cpu_ratios):.1f})"
     )
-    return {
+    summary = {}
+    if old_cpu:
+        old_new = [o / n for o, n in zip(old_cpu, ours_cpu, strict=True)]
+        summary["fresh CPU old / new"] = (
+            f"{statistics.median(old_cpu):.3f} / {statistics.median(ours_cpu):.3f} s, "
+            f"x{statistics.median(old_new):.2f} (x{min(old_new):.2f}-x{max(old_new):.2f})"
+        )
+        print(f"fresh processes, baseline / this tree, CPU: {summary['fresh CPU old / new']}")
+    return summary | {
         "fresh, wall": _spread(wall_ratios),
         "fresh, CPU": _spread(cpu_ratios),
         "fresh CommInsight CPU s": f"{statistics.median(ours_cpu):.3f} ({min(ours_cpu):.3f}-{max(ours_cpu):.3f})",
@@ -461,7 +490,7 @@ def run_set(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, str]:
         copy_recorded(args.traces, hta_dir, rename_kernels=True)
         summary = report(trace_dir, f"[{truth}]", args.rounds, hta_dir)
         if args.cold_rounds:
-            summary |= cold_report(trace_dir, hta_dir, args.cold_rounds)
+            summary |= cold_report(trace_dir, hta_dir, args.cold_rounds, args.baseline_tree)
         return {"traces": f"recorded, {size / 1e6:.2f} MB gzip"} | summary
     steps, kernels = GENERATED.get(name, (args.steps, args.kernels))
     write_traces(trace_dir, args.ranks, steps, args.slow_rank, args.slow_factor, kernels)
@@ -473,7 +502,7 @@ def run_set(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, str]:
     )
     summary = report(trace_dir, f"[{args.slow_rank}]", args.rounds)
     if args.cold_rounds:
-        summary |= cold_report(trace_dir, trace_dir, args.cold_rounds)
+        summary |= cold_report(trace_dir, trace_dir, args.cold_rounds, args.baseline_tree)
     return {"traces": f"generated {name}, {size / 1e6:.1f} MB"} | summary
 
 
@@ -491,7 +520,11 @@ def main() -> None:
         "--cold-rounds", type=int, default=0, help="also: alternating runs of each tool in a fresh process"
     )
     parser.add_argument("--sets", default="", help="comma-separated: recorded, small, medium, large")
+    parser.add_argument(
+        "--baseline", metavar="REV", help="fresh processes: also the command of this repository's commit REV (old code)"
+    )
     args = parser.parse_args()
+    args.baseline_tree = None
     print(f"load average {os.getloadavg()}, {os.cpu_count()} CPUs")
     if args.sets:
         names = [n.strip() for n in args.sets.split(",") if n.strip()]
@@ -503,6 +536,11 @@ def main() -> None:
         names = ["recorded" if recorded else "synthetic"]
     summaries = []
     with tempfile.TemporaryDirectory(prefix="ci-bench-kineto-") as tmp:
+        if args.baseline:
+            if not args.cold_rounds:
+                parser.error("--baseline compares fresh processes: give --cold-rounds too")
+            args.baseline_tree = checkout(args.baseline, Path(tmp) / "baseline")
+            print(f"baseline: commit {args.baseline} (fresh processes only)")
         for name in names:
             print()
             summaries.append(run_set(name, args, Path(tmp)))
