@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from comminsight.semantic.period import Period, detect_period
+from comminsight.semantic.period import Period, coarse_signatures, detect_period
 from comminsight.semantic.roles import N_SIGNATURES, ROLES
 from comminsight.semantic.templates import END, NEUTRAL, START, Template, builtin_templates
 
@@ -53,7 +53,13 @@ def _tables(template: Template) -> tuple[np.ndarray, np.ndarray]:
     return template.tables()
 
 
-def _period_classes(anchor: int, anchor_prev: int) -> np.ndarray:
+_COARSE_OF = coarse_signatures(np.arange(N_SIGNATURES))
+
+
+def _period_classes(anchor: int, anchor_prev: int, coarse: bool = False) -> np.ndarray:
+    """Class per signature for a period anchor; ``coarse``: the anchors are coarse signatures (any size of theirs)."""
+    if coarse:
+        return _period_classes(anchor, anchor_prev)[_COARSE_OF]
     if anchor_prev < 0:
         # Every other signature ends the previous step, so each anchor occurrence opens one.
         cls = np.full(N_SIGNATURES, END, dtype=np.int8)
@@ -121,6 +127,7 @@ class _Rank:
     anchor: int = -1  # period anchor signature
     anchor_prev: int = -1  # signature that must precede the anchor (-1: none)
     min_run: int = 1  # anchors in a row (others of the anchor_prev class between) needed to open a step
+    coarse: bool = False  # the anchors are coarse signatures (``coarse_signatures``)
     setup: int = 0  # leading events still to come that precede the periodic stretch (no step)
     retry_at: int = 0  # undecided: buffered events at which to try again (0: at ``warmup``)
     after_end: bool = True
@@ -208,6 +215,7 @@ class StepEngine:
             state.method, state.anchor, state.anchor_prev = "period", found.anchor, found.anchor_prev
             state.min_run = found.min_run
             state.setup = found.setup
+            state.coarse = found.coarse
 
     @staticmethod
     def _agrees_with_period(template: Template, found: Period | None, ev: dict[str, np.ndarray]) -> bool:
@@ -224,7 +232,7 @@ class StepEngine:
         cls, _ = _tables(template)
         t_starts, _, _ = find_starts(cls[sig], template.min_run, True)
         p_starts, _, _ = find_starts(
-            _period_classes(found.anchor, found.anchor_prev)[sig[found.setup :]], found.min_run, True
+            _period_classes(found.anchor, found.anchor_prev, found.coarse)[sig[found.setup :]], found.min_run, True
         )
         p_starts = p_starts + found.setup
         if p_starts.size < 3 or t_starts.size < 1.5 * p_starts.size:
@@ -233,7 +241,7 @@ class StepEngine:
 
     def _classes(self, state: _Rank) -> tuple[np.ndarray, int]:
         if state.method == "period":
-            return _period_classes(state.anchor, state.anchor_prev), state.min_run
+            return _period_classes(state.anchor, state.anchor_prev, state.coarse), state.min_run
         for template in self.templates:
             if template.name == state.method:
                 return _tables(template)[0], template.min_run
@@ -401,6 +409,7 @@ class StepEngine:
                 "anchor": st.anchor,
                 "anchor_prev": st.anchor_prev,
                 "min_run": st.min_run,
+                "coarse": st.coarse,
                 "setup": st.setup,
                 "retry_at": st.retry_at,
                 "after_end": st.after_end,
@@ -480,6 +489,7 @@ class StepEngine:
                     anchor=anchor,
                     anchor_prev=anchor_prev,
                     min_run=min_run,
+                    coarse=bool(st.get("coarse", False)),
                     setup=setup,
                     retry_at=max(0, int(st.get("retry_at", 0))),
                     after_end=bool(st["after_end"]),

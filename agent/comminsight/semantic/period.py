@@ -14,6 +14,16 @@ occurs elsewhere in the step (DDP's equal-sized gradient buckets). When neither 
 FSDP: an all-gather per layer in forward, an all-gather and a reduce-scatter per layer in
 backward), the anchor is an operation whose one long run per step opens it (``_run_anchor``).
 
+Programs change from step to step: message sizes follow a variable sequence length or an MoE
+router, a checkpoint or a loss-scale collective comes every few steps, the gradient accumulation
+count varies. When the exact signatures repeat worse than coarse ones (``coarse_signatures``: the size
+read only as unknown, tiny or large) by more than the tolerance, the period is the coarse one. When the rank reduces
+gradients over a data-parallel communicator, a step is what lies between two such reductions (one
+optimizer update each): a period holding several reductions whose stretches are the same program
+but for an occasional operation (a checkpoint every third step) is cut at each of them, and a
+sequence without any period (micro-batches varying) is cut there when the stretches between
+reductions hold the same operations (``_gradient_sync_steps``).
+
 Short real traces carry one-off collectives before the first regular step (a framework's set-up:
 parameter broadcasts, shape checks, the first iteration's different bucketing) and after the last
 (a closing barrier); a few of them are enough to pull every lag's rate under ``min_match``. Then
@@ -25,6 +35,7 @@ covers at least ``min_cover`` of the trace and three periods; events before the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -33,9 +44,23 @@ from comminsight.semantic.roles import OP_CODE, ROLE_CODE
 _DP = ROLE_CODE["dp"]
 _REDUCTIONS = (OP_CODE["reduce_scatter"], OP_CODE["all_reduce"])
 _TINY_BUCKET = 12  # at most 4 KiB: a loss, a grad norm, a flag
+# Of the operations between two gradient reductions, the share that must belong to the program every
+# such stretch runs (the rest: occasional operations, a checkpoint's barrier, a loss-scale flag).
+_CORE_SHARE = 0.9
 
 
-def _after_gradient_sync(sig: np.ndarray, period: int) -> np.ndarray:
+def coarse_signatures(sig: np.ndarray) -> np.ndarray:
+    """Signatures with the size read only as unknown (bucket 0), tiny (1: at most 4 KiB) or large (2).
+
+    Still valid signatures (indices of the engine's class tables). Sizes that follow the data (a
+    sequence length, an MoE router) change the exact bucket from step to step; tiny control messages
+    (a loss, a flag) stay apart from data."""
+    s = np.asarray(sig, dtype=np.int64)
+    bucket = s % 64
+    return s - bucket + np.where(bucket == 0, 0, np.where(bucket <= _TINY_BUCKET, 1, 2))
+
+
+def _after_gradient_sync(sig: np.ndarray, period: int | None) -> np.ndarray:
     """Positions of the first operation after each data-parallel gradient reduction, or none.
 
     In a model-parallel step the data-parallel gradient reduction (all-reduce or reduce-scatter
@@ -44,13 +69,13 @@ def _after_gradient_sync(sig: np.ndarray, period: int) -> np.ndarray:
     receive). Tiny collectives right after the reduction (grad norm, loss) still belong to the
     step that ends. Idle gaps are no guide there: pipeline bubbles and backward compute are
     longer than the optimizer. None when the sequence has no data-parallel reduction, or has
-    more than a few per period (DDP-style buckets inside backward).
+    more than a few per period (DDP-style buckets inside backward; ``period`` None: no bound).
     """
     s = sig.astype(np.int64)
     role, op, bucket = s // (64 * 16), (s // 64) % 16, s % 64
     reduce = (role == _DP) & np.isin(op, _REDUCTIONS) & ((bucket == 0) | (bucket > _TINY_BUCKET))
     tiny = (bucket > 0) & (bucket <= _TINY_BUCKET)
-    if not reduce.any() or reduce.sum() > 4 * max(len(s) // period, 1):
+    if not reduce.any() or (period is not None and reduce.sum() > 4 * max(len(s) // period, 1)):
         return np.zeros(0, np.int64)
     ends = np.flatnonzero(reduce[:-1] & ~reduce[1:]) + 1
     out = []
@@ -70,6 +95,7 @@ class Period:
     match: float  # match rate at the period lag
     setup: int = 0  # leading events that precede the periodic stretch (set-up, before step 0)
     min_run: int = 1  # anchors in a row needed to open a step (a run anchor: see _run_anchor)
+    coarse: bool = False  # anchor and anchor_prev are coarse signatures (``coarse_signatures``): any size of theirs
 
 
 def detect_period(
@@ -81,7 +107,34 @@ def detect_period(
     tolerance: float = 0.02,
     min_cover: float = 0.5,
 ) -> Period | None:
-    """Period and anchor of one rank's signature sequence, or None when it is not periodic.
+    """Period and anchor of one rank's signature sequence, or None when it has no steps (module doc).
+
+    Exact signatures first; coarse ones when they repeat better (by more than ``tolerance``). A period
+    holding several gradient reductions that cut it into the same program is cut at each; without a
+    period, the stretches between gradient reductions are the steps when they hold the same operations.
+    """
+    sig = np.asarray(sig, dtype=np.int64)
+    args = (start_ns, end_ns, max_period, min_match, tolerance, min_cover)
+    found = _detect(sig, sig, *args)
+    if found is None or found.match < 1 - tolerance:
+        # Sizes that vary from step to step: the coarse program repeats better than the exact one.
+        coarse = _detect(sig, coarse_signatures(sig), *args)
+        if coarse is not None and (found is None or coarse.match > found.match + tolerance):
+            found = Period(**{**coarse.__dict__, "coarse": True})
+    return _gradient_sync_steps(sig, found, tolerance)
+
+
+def _detect(
+    sig: np.ndarray,
+    key: np.ndarray,
+    start_ns: np.ndarray,
+    end_ns: np.ndarray,
+    max_period: int,
+    min_match: float,
+    tolerance: float,
+    min_cover: float,
+) -> Period | None:
+    """``detect_period`` on ``key`` (the signatures, or coarse ones); ``sig`` the exact ones.
 
     The sequence is read as runs of identical operations (a signature and how many times it
     repeats back to back): a step of many identical operations (hundreds of gradient buckets,
@@ -93,10 +146,9 @@ def detect_period(
     n_events = len(sig)
     if n_events < 2:
         return None
-    sig = np.asarray(sig, dtype=np.int64)
-    run_at = np.flatnonzero(np.concatenate(([True], sig[1:] != sig[:-1])))  # first event of each run
+    run_at = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))  # first event of each run
     run_len = np.diff(np.concatenate((run_at, [n_events])))
-    run_sig = sig[run_at]
+    run_sig = key[run_at]
     # A run is its signature and its length; both must repeat for the program to repeat.
     token = run_sig * (np.int64(run_len.max()) + 1) + run_len
     n = len(token)
@@ -156,7 +208,7 @@ def detect_period(
             if best is None or g > best[0] + 1e-9:
                 best = (g, anchor, prev)
     if best is None:
-        run = _run_anchor(sig[ev_lo:ev_hi], expected)
+        run = _run_anchor(key[ev_lo:ev_hi], expected)
         if run is None:
             return None
         return Period(events_per_step, anchor=run[0], anchor_prev=run[1], match=match, setup=ev_lo, min_run=run[2])
@@ -195,3 +247,65 @@ def _run_anchor(sig: np.ndarray, expected: float) -> tuple[int, int, int] | None
                 if margin > 0 and (best is None or margin > best[3]):
                     best = (int(a), int(p), int(order[j]) + 1, margin)
     return None if best is None else best[:3]
+
+
+def _gradient_sync_steps(sig: np.ndarray, found: Period | None, tolerance: float) -> Period | None:
+    """Steps cut at the data-parallel gradient reductions, when they are the job's steps; else ``found``.
+
+    A step is one optimizer update: one gradient reduction over the data-parallel communicator (a
+    run of them: buckets). The stretches between consecutive reductions (from the operation after
+    one, tiny collectives skipped, to the next) are steps when they run the same program: every
+    operation (coarse signature) present in at least half of them is present in each, and those
+    make at least ``_CORE_SHARE`` of their operations. With a period that repeats exactly (its match
+    within ``tolerance`` of 1), it is cut only when it holds several stretches that are the same
+    sequence of runs once the occasional operations are left out (a checkpoint every third step made
+    the period three steps; HSDP's per-layer reductions cut a step into stretches that are not the
+    same); without a period, or with one that repeats only in part (the number of micro-batches
+    varies, so runs repeat differently: the last stage of DP8xPP8 found a period of two steps at
+    0.84), the stretches are the steps.
+    """
+    after = _after_gradient_sync(sig, None)
+    if found is not None and found.period > 0:
+        per_period = after.size * found.period / max(len(sig) - found.setup, 1)
+        if 0.5 <= per_period < 1.5:
+            return found  # one reduction a period: the period is the step
+        # Several reductions a period, or a period without one (a micro-batch: every step holds an update).
+    if after.size < 3:
+        return found
+    key = coarse_signatures(sig)
+    inner = [key[a:b] for a, b in pairwise(after)]  # whole stretches
+    present = [np.unique(piece) for piece in inner]
+    codes, counts = np.unique(np.concatenate(present), return_counts=True)
+    core = codes[2 * counts >= len(inner)]
+    if not all(np.isin(core, p).all() for p in present):
+        return found
+    in_core = sum(int(np.isin(piece, core).sum()) for piece in inner)
+    if in_core < _CORE_SHARE * sum(piece.size for piece in inner):
+        return found
+    if found is not None and found.match >= 1 - tolerance:
+        # The same program, run for run, once the occasional operations are left out.
+        runs = set()
+        for piece in inner:
+            kept = piece[np.isin(piece, core)]
+            at = np.flatnonzero(np.concatenate(([True], kept[1:] != kept[:-1])))
+            runs.add((kept[at].tobytes(), np.diff(np.concatenate((at, [kept.size]))).tobytes()))
+        if len(runs) > 1:
+            return found
+    opener, n_open = np.unique(key[after], return_counts=True)
+    closer, n_close = np.unique(key[after - 1 - _tiny_run_before(sig, after)], return_counts=True)
+    anchor, anchor_prev = int(opener[np.argmax(n_open)]), int(closer[np.argmax(n_close)])
+    if anchor == anchor_prev:
+        return found
+    length = int(np.median(np.diff(after)))
+    return Period(period=length, anchor=anchor, anchor_prev=anchor_prev, match=1.0, coarse=True)
+
+
+def _tiny_run_before(sig: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """How many tiny collectives lie between each reduction and the operation at ``after``."""
+    bucket = np.asarray(sig, dtype=np.int64) % 64
+    tiny = (bucket > 0) & (bucket <= _TINY_BUCKET)
+    out = np.zeros(after.size, np.int64)
+    for i, q in enumerate(after):  # a handful per step
+        while q - 1 - out[i] > 0 and tiny[q - 1 - out[i]]:
+            out[i] += 1
+    return out

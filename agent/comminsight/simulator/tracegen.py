@@ -75,6 +75,84 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class Variation:
+    """What changes from step to step in a job's program; all off (the default): every step the same.
+
+    Any of them on, the trace also carries each operation's ``bytes`` (activations 16 MiB per
+    micro-batch, parameters and gradients 256 MiB per stage, 4 bytes for a flag or a barrier), so
+    that sizes can vary. The draws are the job's own (seeded from ``generate``'s seed and the step),
+    the same on every rank, and the ground truth (each step's first operation) is unchanged by them.
+
+    ``seq_spread``: the sequence length of each step is drawn within +-``seq_spread`` of nominal
+    (variable-length batches); activation messages (tensor- and context-parallel collectives,
+    pipeline transfers, all-to-alls) and the compute on them scale with it.
+    ``moe``: mixture-of-experts layers: per micro-batch, forward and backward, an all-to-all dispatch
+    and combine over the expert-parallel group (the stage's data-parallel ranks of one TP and CP
+    index); the tokens routed to a rank vary per step, micro-batch and rank (x0.5-1.5).
+    ``checkpoint_every``: every N-th step ends, after the optimizer, with a 4-byte world all-reduce (a
+    barrier) and the save (compute): a longer step with an extra collective.
+    ``loss_scale_share``: that share of steps (drawn) carries an extra 4-byte all-reduce over the
+    data-parallel group after the gradients' reduce-scatter (the loss scale backed off after an overflow).
+    ``microbatch_spread``: the micro-batches of each step (the gradient accumulation count) are drawn
+    within +-``microbatch_spread`` of ``Layout.microbatches`` (at least 1).
+    """
+
+    seq_spread: float = 0.0
+    moe: bool = False
+    checkpoint_every: int = 0
+    loss_scale_share: float = 0.0
+    microbatch_spread: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self != Variation()
+
+
+@dataclass(frozen=True)
+class _StepShape:
+    """One step's draws of a ``Variation`` (the same on every rank)."""
+
+    seq: float = 1.0  # sequence length, relative to nominal
+    microbatches: int = 0  # 0: the layout's
+    checkpoint: bool = False
+    loss_scale: bool = False
+    routed: tuple = ()  # MoE: per (micro-batch, direction) an array of each rank's routing factor
+    sized: bool = False  # write bytes
+
+
+ACT_BYTES = 16 << 20  # one micro-batch's activations
+PARAM_BYTES = 256 << 20  # a stage's parameters (and gradients)
+FLAG_BYTES = 4
+
+
+def _step_shapes(layout: Layout, variation: Variation, steps: int, seed: int) -> list[_StepShape]:
+    if not variation.active:
+        return [_StepShape() for _ in range(steps)]
+    if layout.fsdp_layers or layout.virtual > 1:
+        raise ValueError("Variation: the 1F1B program only (no fsdp_layers, no virtual stages)")
+    shapes = []
+    for k in range(steps):
+        rng = np.random.default_rng([seed, 3, k])
+        seq = 1.0 + float(rng.uniform(-variation.seq_spread, variation.seq_spread))
+        m = layout.microbatches + int(rng.integers(-variation.microbatch_spread, variation.microbatch_spread + 1))
+        loss_scale = bool(rng.random() < variation.loss_scale_share)
+        m = max(1, m)
+        routed = tuple(rng.uniform(0.5, 1.5, size=layout.world) for _ in range(2 * m)) if variation.moe else ()
+        every = variation.checkpoint_every
+        shapes.append(
+            _StepShape(
+                seq=seq,
+                microbatches=m,
+                checkpoint=bool(every) and k % every == every - 1,
+                loss_scale=loss_scale,
+                routed=routed,
+                sized=True,
+            )
+        )
+    return shapes
+
+
+@dataclass(frozen=True)
 class Fault:
     """What is slow. ``where`` selects ranks by coordinate (``{"dp": 1}``, ``{"pp": 1}``, ``{"rank": 5}``).
 
@@ -128,13 +206,22 @@ class _Op:
     peer: int = -1
     pg: str = ""
     gap: float = 20e-6  # launch gap before it
+    nbytes: int = -1  # payload (-1: not written)
 
 
-def _program(layout: Layout, rank: int, step: int) -> list[list[_Op]]:
-    """One rank's step as a list of batches (a batch: one compute, or operations posted together)."""
+def _program(layout: Layout, rank: int, step: int, shape: _StepShape | None = None) -> list[list[_Op]]:
+    """One rank's step as a list of batches (a batch: one compute, or operations posted together).
+
+    ``shape``: the step's draws of the job's ``Variation`` (None: none)."""
+    shape = shape or _StepShape()
     c = layout.coords(rank)
     s, last = c["pp"], layout.pp - 1
-    m = layout.microbatches
+    m = shape.microbatches or layout.microbatches
+    f = shape.seq
+
+    def size(nbytes: float) -> int:
+        return int(nbytes) if shape.sized else -1
+
     dp_ranks = layout.dp * layout.cp
     dp_pg = f"dp:pp{s}tp{c['tp']}"
     tp_pg = f"tp:pp{s}dp{c['dp']}cp{c['cp']}"
@@ -143,28 +230,47 @@ def _program(layout: Layout, rank: int, step: int) -> list[list[_Op]]:
     out: list[list[_Op]] = []
     counter: dict[str, int] = {}
 
-    def coll(optype: str, pg: str, members: int, ms: float) -> _Op:
+    def coll(optype: str, pg: str, members: int, ms: float, nbytes: int = -1) -> _Op:
         k = counter[optype] = counter.get(optype, -1) + 1
-        return _Op(optype, "coll", ms * MS, key=(step, pg, optype, k), members=members, pg=pg)
+        return _Op(optype, "coll", ms * MS, key=(step, pg, optype, k), members=members, pg=pg, nbytes=nbytes)
 
     def p2p(optype: str, direction: str, mb: int, to_stage: int, sending: bool) -> _Op:
         peer = layout.rank(c["tp"], c["cp"], c["dp"], to_stage)
         src, dst = (s, to_stage) if sending else (to_stage, s)
-        return _Op(optype, "p2p", 0.4 * MS, key=(step, pp_pg, direction, mb, src, dst), members=2, peer=peer, pg=pp_pg)
+        key = (step, pp_pg, direction, mb, src, dst)
+        return _Op(optype, "p2p", 0.4 * f * MS, key=key, members=2, peer=peer, pg=pp_pg, nbytes=size(ACT_BYTES * f))
+
+    def experts(mb: int, backward: bool) -> None:
+        # MoE: dispatch then combine over the stage's expert-parallel group (its DP ranks of one TP and CP index).
+        ep_pg = f"ep:pp{s}tp{c['tp']}cp{c['cp']}"
+        for i, name in enumerate(("dispatch", "combine")):
+            routed = shape.routed[2 * mb + backward]
+            group = [layout.rank(c["tp"], c["cp"], d, s) for d in range(layout.dp)]
+            slowest = float(max(routed[g] for g in group))
+            phase = "backward" if backward else "forward"
+            nbytes = size(ACT_BYTES * f * routed[rank])
+            out.append([coll(f"{phase}-{name}-all-to-all", ep_pg, layout.dp, 0.3 * f * slowest, nbytes)])
+            if i == 0:
+                ms = (layout.backward_ms if backward else layout.forward_ms) * 0.25 * f
+                out.append([_Op(f"{phase}-compute", "compute", ms * MS)])
 
     def forward(mb: int) -> None:
         if layout.cp > 1:
-            out.append([coll("cp-all-gather", cp_pg, layout.cp, 0.3)])
-        out.append([_Op("forward-compute", "compute", layout.forward_ms * MS)])
+            out.append([coll("cp-all-gather", cp_pg, layout.cp, 0.3 * f, size(ACT_BYTES * f / layout.cp))])
+        out.append([_Op("forward-compute", "compute", layout.forward_ms * f * MS)])
+        if shape.routed and layout.dp > 1:
+            experts(mb, False)
         if layout.tp > 1:
-            out.append([coll("tp-all-reduce", tp_pg, layout.tp, 0.2)])
+            out.append([coll("tp-all-reduce", tp_pg, layout.tp, 0.2 * f, size(ACT_BYTES * f))])
 
     def backward(mb: int) -> None:
-        out.append([_Op("backward-compute", "compute", layout.backward_ms * MS)])
+        if shape.routed and layout.dp > 1:
+            experts(mb, True)
+        out.append([_Op("backward-compute", "compute", layout.backward_ms * f * MS)])
         if layout.tp > 1:
-            out.append([coll("tp-all-reduce", tp_pg, layout.tp, 0.2)])
+            out.append([coll("tp-all-reduce", tp_pg, layout.tp, 0.2 * f, size(ACT_BYTES * f))])
         if layout.cp > 1:
-            out.append([coll("cp-reduce-scatter", cp_pg, layout.cp, 0.3)])
+            out.append([coll("cp-reduce-scatter", cp_pg, layout.cp, 0.3 * f, size(ACT_BYTES * f / layout.cp))])
 
     def batch(*ops: _Op | None) -> None:
         got = [o for o in ops if o is not None]
@@ -181,7 +287,7 @@ def _program(layout: Layout, rank: int, step: int) -> list[list[_Op]]:
     if layout.virtual > 1:
         return _interleaved_program(layout, rank, step, coll, dp_pg, dp_ranks)
     if dp_ranks > 1:
-        out.append([coll("params-all-gather", dp_pg, dp_ranks, 2.0)])
+        out.append([coll("params-all-gather", dp_pg, dp_ranks, 2.0, size(PARAM_BYTES))])
     # Megatron's 1F1B: warm-up forwards, steady state one forward one backward, cool-down backwards.
     warm = min(layout.pp - s - 1, m)
     for mb in range(warm):
@@ -204,12 +310,18 @@ def _program(layout: Layout, rank: int, step: int) -> list[list[_Op]]:
         backward(mb)
         batch(send_b(mb))
     if layout.pp > 1 and s in (0, last):
-        out.append([coll("embedding-grads-all-reduce", f"emb:dp{c['dp']}cp{c['cp']}tp{c['tp']}", 2, 0.5)])
+        emb_pg = f"emb:dp{c['dp']}cp{c['cp']}tp{c['tp']}"
+        out.append([coll("embedding-grads-all-reduce", emb_pg, 2, 0.5, size(PARAM_BYTES / 8))])
     if dp_ranks > 1:
-        out.append([coll("grads-reduce-scatter", dp_pg, dp_ranks, 2.0)])
+        out.append([coll("grads-reduce-scatter", dp_pg, dp_ranks, 2.0, size(PARAM_BYTES))])
+    if shape.loss_scale and dp_ranks > 1:
+        out.append([coll("loss-scale-all-reduce", dp_pg, dp_ranks, 0.05, size(FLAG_BYTES))])
     if layout.plain_dp and layout.cp > 1 and layout.dp > 1:
         out.append([coll("loss-all-reduce", f"dpo:pp{s}tp{c['tp']}cp{c['cp']}", layout.dp, 0.5)])
     out.append([_Op("optimizer", "compute", layout.optimizer_ms * MS)])
+    if shape.checkpoint:
+        out.append([coll("checkpoint-barrier", "world", layout.world, 0.05, size(FLAG_BYTES))])
+        out.append([_Op("checkpoint-save-compute", "compute", 4 * layout.optimizer_ms * MS)])
     return out
 
 
@@ -375,8 +487,11 @@ def generate(
     seed: int = 0,
     first_step: int = 100,
     tail: float = 0.0,
+    variation: Variation = Variation(),
 ) -> GeneratedJob:
     """A trace of ``steps`` steps (labelled from ``first_step``) with its ground truth (module doc).
+
+    ``variation``: what changes from step to step (``Variation``; the default: nothing, no ``bytes``).
 
     ``tail``: heavy-tailed noise on top of the lognormal one: that share of operations (compute and
     transfers) takes ``1 + 0.1 * X`` times longer, X Pareto-distributed (Lomax, shape 1.5: mean 2,
@@ -394,13 +509,14 @@ def generate(
         for i, f in enumerate(faults)
     ]
     n = layout.world
+    shapes = _step_shapes(layout, variation, steps, seed)
     programs: list[list[list[_Op]]] = []
     step_of: list[list[int]] = []
     for r in range(n):
         prog: list[list[_Op]] = []
         labels: list[int] = []
         for k in range(steps):
-            p = _program(layout, r, k)
+            p = _program(layout, r, k, shapes[k])
             prog += p
             labels += [k] * len(p)
         programs.append(prog)
@@ -504,7 +620,7 @@ def generate(
 
     rows: dict[str, list] = {
         k: [] for k in ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id")
-    } | {"tp_rank": [], "cp_rank": [], "peer": [], "pg": []}
+    } | {"tp_rank": [], "cp_rank": [], "peer": [], "pg": [], "bytes": []}
     for r in range(n):
         c = layout.coords(r)
         seq: dict[tuple[int, str], int] = {}
@@ -524,6 +640,9 @@ def generate(
                 rows["seq_id"].append(seq[k])
                 rows["peer"].append(o.peer if o.peer >= 0 else None)
                 rows["pg"].append(o.pg or f"local:{r}")
+                rows["bytes"].append(o.nbytes if o.nbytes >= 0 else None)
+    if not variation.active:
+        del rows["bytes"]  # the traces written before variations had none
     table = pl.DataFrame(rows).sort("rank", "start_ts")
 
     def step_bounds(ts: list[list]) -> tuple[np.ndarray, float]:
