@@ -10,7 +10,10 @@ forward pass, where little communication runs; but when the rank reduces gradien
 data-parallel communicator a few times per period, the anchor is the operation that follows that
 reduction (and the tiny collectives after it), whatever the gaps: in a pipeline, bubbles and
 backward compute are longer idle stretches than the optimizer. Pairs matter when the opening operation also
-occurs elsewhere in the step (DDP's equal-sized gradient buckets). When neither exists (ZeRO-3 /
+occurs elsewhere in the step (DDP's equal-sized gradient buckets); a pair counts only when the
+engine, which sees no adjacency (the previous operation closes, the anchor opens, others are
+neutral), would open one step per period with it: a pair side by side once a period may also
+occur apart, with other operations between, and would open a second step there. When neither exists (ZeRO-3 /
 FSDP: an all-gather per layer in forward, an all-gather and a reduce-scatter per layer in
 backward), the anchor is an operation whose one long run per step opens it (``_run_anchor``).
 
@@ -205,6 +208,8 @@ def _detect(
             # An opening found after the data-parallel gradient synchronisation outranks any gap.
             g += float(np.isin(at[where], after).mean()) * 1e30 if after.size else 0.0
             anchor, prev = (int(code % base), int(code // base)) if is_pair else (int(code), -1)
+            if is_pair and abs(_pair_opens(key[ev_lo:ev_hi], anchor, prev) - expected) > 1 + 0.05 * expected:
+                continue  # side by side once a period, but apart as well: the engine would open more steps
             if best is None or g > best[0] + 1e-9:
                 best = (g, anchor, prev)
     if best is None:
@@ -213,6 +218,14 @@ def _detect(
             return None
         return Period(events_per_step, anchor=run[0], anchor_prev=run[1], match=match, setup=ev_lo, min_run=run[2])
     return Period(period=events_per_step, anchor=best[1], anchor_prev=best[2], match=match, setup=ev_lo)
+
+
+def _pair_opens(key: np.ndarray, anchor: int, prev: int) -> int:
+    """Steps a pair anchor opens in ``key`` under the engine's classes: ``prev`` closes, ``anchor`` opens, others
+    are neutral, so the anchor opens a step after ``prev`` whatever lies between them."""
+    seen = key[(key == anchor) | (key == prev)]
+    is_anchor = seen == anchor
+    return int(np.count_nonzero(is_anchor[1:] & ~is_anchor[:-1]))
 
 
 def _run_anchor(sig: np.ndarray, expected: float) -> tuple[int, int, int] | None:
