@@ -335,14 +335,17 @@ class StoredPoints:
     slot. Such a heartbeat stored nothing but cost the series lookup and a transaction (four round trips); with
     this, samples already stored by this process are not sent again, and a heartbeat with nothing new makes no
     statement at all. Only points whose transaction committed are kept (``transaction.on_commit``), so a rolled
-    back write is written again. Points placed more than ``keep_ms`` before now are not kept (no heartbeat is
-    placed in their slot any more; a step ending that long ago is simply sent again: the database keeps it once).
+    back write is written again. Points placed more than ``keep_ms`` before or after now are not kept (no heartbeat
+    is placed in a slot that old any more; a step placed that far from now, such as by an agent whose clock runs
+    ahead, is simply sent again: the database keeps it once), so what is kept is bounded by the points of a few
+    slots, however the agents' clocks stand.
     A workload created or deleted is forgotten (``stored_points_forget``): its id may name other rows than before
     (SQLite reuses the id of a rolled-back row). ``clock`` is injectable for tests."""
 
     def __init__(self, keep_ms: int = 2 * RAW_STEP_S * 1000, clock: Callable[[], float] = time.time) -> None:
         self.keep_ms, self.clock = keep_ms, clock
         self._points: dict[tuple[int, str, str, int], None] = {}
+        self._earliest = math.inf  # no kept point is placed before this
         self._lock = threading.Lock()
 
     def new(self, workload_id: int, samples: list[Sample]) -> list[Sample]:
@@ -352,12 +355,15 @@ class StoredPoints:
 
     def add(self, workload_id: int, samples: list[Sample]) -> None:
         with self._lock:
-            oldest = int(self.clock() * 1000) - self.keep_ms
-            if self._points and next(iter(self._points))[3] < oldest:  # the first kept has aged: drop all aged
+            now_ms = int(self.clock() * 1000)
+            oldest, newest = now_ms - self.keep_ms, now_ms + self.keep_ms
+            if self._earliest < oldest:  # a kept point has aged: drop all aged (about once a slot)
                 self._points = {point: None for point in self._points if point[3] >= oldest}
+                self._earliest = min((point[3] for point in self._points), default=math.inf)
             for s in samples:
-                if s.t_ms >= oldest:
+                if oldest <= s.t_ms <= newest:
                     self._points[(workload_id, s.metric, s.key, s.t_ms)] = None
+                    self._earliest = min(self._earliest, s.t_ms)
 
     def forget(self, workload_id: int) -> None:
         """Forget the points of ``workload_id`` (its row was created or deleted: the id is not what it was)."""

@@ -122,6 +122,22 @@ def test_a_heartbeat_with_nothing_new_makes_no_statement_and_the_points_stay(
     assert len(_points_of(workload)) > len(stored)
 
 
+def test_points_of_old_slots_are_forgotten_even_after_an_agent_placed_one_an_hour_ahead():
+    # Agents' clocks may run up to MAX_FUTURE_S ahead; a step placed there must not hold back forgetting the
+    # rest (each slot brings new points: the process's memory would grow for as long as it stayed ahead).
+    now = [1_000_000.0]
+    stored = services.StoredPoints(keep_ms=10_000, clock=lambda: now[0])
+    ahead = Sample("step_duration_s", "0", "n1", int(now[0] * 1000) + services.MAX_FUTURE_S * 1000, 1.0)
+    slot = Sample("lagging_ranks", "", "", int(now[0] * 1000), 0.0)
+    stored.add(7, [ahead])
+    stored.add(7, [slot])
+    assert stored.new(7, [slot]) == []
+    for _ in range(3):  # three 5-second slots later, each with its own point
+        now[0] += 5
+        stored.add(7, [Sample("lagging_ranks", "", "", int(now[0] * 1000), 0.0)])
+    assert stored.new(7, [slot]) == [slot]  # forgotten: sent again (the database keeps it once)
+
+
 def test_the_points_of_a_heartbeat_rolled_back_are_stored_by_the_next(personas, django_capture_on_commit_callbacks):
     workload = Workload.objects.create(owner=personas.alice, external_id="job-undone", name="job-undone")
     at, body = timezone.now(), heartbeat(workload="job-undone")
