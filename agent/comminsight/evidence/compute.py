@@ -43,9 +43,12 @@ unique = _function("unique")
 
 
 def fill_null(values: Any, fill_value: Any) -> Any:
-    """``values`` with each null replaced by ``fill_value`` (a Python value, of the values' type)."""
+    """``values`` with each null replaced by ``fill_value``, converted to the values' type as
+    ``pyarrow.compute.fill_null`` does (coalesce alone would widen the result to a wider fill's type)."""
     if not isinstance(fill_value, pa.Array | pa.ChunkedArray | pa.Scalar):
         fill_value = pa.scalar(fill_value, type=values.type)
+    elif values.type != fill_value.type:
+        fill_value = pa.scalar(fill_value.as_py(), type=values.type)
     return call_function("coalesce", [values, fill_value])
 
 
