@@ -154,9 +154,9 @@ if (
         "timeout": 30,
     }
 # PostgreSQL: the agents' frequent statements (comminsight_site.rows.cursor: parameters bound by the server) are
-# prepared on a connection once they ran this many times on it; 0 or less: never (a pooler in transaction mode,
-# such as PgBouncer before 1.21, cannot keep prepared statements). Django's own queries bind on the client and are
-# never prepared either way.
+# prepared on a connection once they ran this many times on it; 0 or less: never (a pooler in transaction mode
+# cannot keep prepared statements unless it tracks them: PgBouncer only from 1.21 and only with
+# max_prepared_statements set). Django's own queries bind on the client and are never prepared either way.
 if DATABASES["default"]["ENGINE"].endswith("postgresql"):
     prepare_threshold = env.int("COMMINSIGHT_DB_PREPARE_THRESHOLD", default=5)
     DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
