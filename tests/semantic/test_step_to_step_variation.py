@@ -125,3 +125,16 @@ def test_a_resumed_engine_keeps_a_period_read_on_coarse_signatures(tmp_path: Pat
     engine.flush()
     assert {st.coarse for st in engine.ranks.values()} == {True}
     assert [st.step for st in engine.ranks.values()] == [st.step for st in whole.ranks.values()] == [8] * 64
+
+
+@pytest.mark.parametrize("coordinates", list(COORDINATES))
+@pytest.mark.parametrize("name", ["128 GPUs DP32xPP2xCP2, all of them", "128 GPUs TP4xPP2xDP8xCP2, all of them"])
+def test_the_megatron_template_fits_whatever_the_micro_batch_count(name: str, coordinates: str, tmp_path: Path) -> None:
+    """A template fits steps that run the same operations, however many times (micro-batches) each step runs them.
+
+    Rated by the share of steps of the commonest length alone, no template fitted these jobs (period
+    detection recovered them)."""
+    path = tmp_path / "comm.parquet"
+    _job(name).communication_only().drop(COORDINATES[coordinates]).write_parquet(path)
+    report = recover_steps(load(path))
+    assert set(report.methods_by_rank.values()) == {"megatron"}

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from comminsight.semantic.period import Period, coarse_signatures, detect_period
+from comminsight.semantic.period import Period, coarse_signatures, detect_period, same_program_share
 from comminsight.semantic.roles import N_SIGNATURES, ROLES
 from comminsight.semantic.templates import END, NEUTRAL, START, Template, builtin_templates
 
@@ -192,6 +192,8 @@ class StepEngine:
             return 0.0
         lengths = np.diff(starts)
         mode_share = np.bincount(lengths).max() / lengths.size
+        if mode_share < 1:  # lengths vary (a micro-batch count, an occasional operation): do the steps' operations?
+            mode_share = max(mode_share, same_program_share(sig, starts))
         coverage = (len(sig) - starts[0]) / len(sig)
         return float(coverage * mode_share)
 

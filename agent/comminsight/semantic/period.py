@@ -287,13 +287,8 @@ def _gradient_sync_steps(sig: np.ndarray, found: Period | None, tolerance: float
         return found
     key = coarse_signatures(sig)
     inner = [key[a:b] for a, b in pairwise(after)]  # whole stretches
-    present = [np.unique(piece) for piece in inner]
-    codes, counts = np.unique(np.concatenate(present), return_counts=True)
-    core = codes[2 * counts >= len(inner)]
-    if not all(np.isin(core, p).all() for p in present):
-        return found
-    in_core = sum(int(np.isin(piece, core).sum()) for piece in inner)
-    if in_core < _CORE_SHARE * sum(piece.size for piece in inner):
+    core = _core(inner)
+    if core is None or not all(np.isin(core, piece).all() for piece in inner):
         return found
     if found is not None and found.match >= 1 - tolerance:
         # The same program, run for run, once the occasional operations are left out.
@@ -311,6 +306,30 @@ def _gradient_sync_steps(sig: np.ndarray, found: Period | None, tolerance: float
         return found
     length = int(np.median(np.diff(after)))
     return Period(period=length, anchor=anchor, anchor_prev=anchor_prev, match=1.0, coarse=True)
+
+
+def _core(pieces: list[np.ndarray]) -> np.ndarray | None:
+    """The coarse operations present in at least half of ``pieces`` (coarse signatures), or None when they make
+    less than ``_CORE_SHARE`` of the pieces' operations (the pieces do not run one program)."""
+    present = [np.unique(piece) for piece in pieces]
+    codes, counts = np.unique(np.concatenate(present), return_counts=True)
+    core = codes[2 * counts >= len(pieces)]
+    in_core = sum(int(np.isin(piece, core).sum()) for piece in pieces)
+    return core if in_core >= _CORE_SHARE * sum(piece.size for piece in pieces) else None
+
+
+def same_program_share(sig: np.ndarray, starts: np.ndarray) -> float:
+    """Share of the whole steps between ``starts`` (positions in ``sig``) that run the job's program: hold every
+    coarse operation present in at least half of them, those making ``_CORE_SHARE`` of their operations (0 when
+    they do not). A step's length changes with its micro-batch count; its operations do not."""
+    if starts.size < 3:
+        return 0.0
+    key = coarse_signatures(sig)
+    pieces = [key[a:b] for a, b in pairwise(starts)]
+    core = _core(pieces)
+    if core is None:
+        return 0.0
+    return sum(bool(np.isin(core, piece).all()) for piece in pieces) / len(pieces)
 
 
 def _tiny_run_before(sig: np.ndarray, after: np.ndarray) -> np.ndarray:
