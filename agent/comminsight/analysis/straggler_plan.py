@@ -37,6 +37,7 @@ from comminsight.analysis.stragglers import (
     COORDS,
     NO_STEP,
     PREPARE_ROWS,
+    TABLE_COLUMNS,
     TIMED,
     JobFacts,
     PreparationPlan,
@@ -52,26 +53,8 @@ from comminsight.semantic.order import canonical_order
 from comminsight.semantic.roles import coordinate_rows, infer_coordinates, infer_roles
 from comminsight.semantic.steps import recover_steps
 
-# The columns planning reads of a batch (``load`` may give only these): roles and coordinates, the facts, the step
-# engine's, the windows'.
-PLAN_COLUMNS = (
-    "rank",
-    "op",
-    "is_p2p",
-    "peer",
-    "comm_id",
-    "comm_name",
-    "comm_desc",
-    "comm_size",
-    "comm_ranks",
-    *COORDS,
-    "seq",
-    "bytes",
-    "start_ns",
-    "end_ns",
-    "enqueue_ns",
-    "step",
-)
+# The columns planning reads of a batch (``load`` may give only these): those the analysis reads of a table.
+PLAN_COLUMNS = TABLE_COLUMNS
 # Rows of a planning batch (whole ranks) and of a bucket at most. The peak follows the batch: ~0.9 KB per row of one
 # batch (+926 MiB for one batch of 1,048,575 rows), +1,413 MiB for 16.8 M operations in batches of 1 Mi rows, +383
 # MiB in batches of 128 Ki rows, no slower (bench/partitioned_analysis.py --plan-only, docs/operators.md).

@@ -86,6 +86,27 @@ REPLAY_COLUMNS = (
 )
 # Columns the windowed preparation reads (matching, statistics, the replay's).
 _WINDOW_COLUMNS = (*REPLAY_COLUMNS, "seq", "peer", "comm_size")
+# The columns the analysis reads of an operations table (roles and coordinates, the facts, the step engine's, the
+# windows'); ``prepare_table`` keeps only these before putting the rows in order (a sorted copy of every column of
+# the input held the input's other columns, names and lists, through the analysis).
+TABLE_COLUMNS = (
+    "rank",
+    "op",
+    "is_p2p",
+    "peer",
+    "comm_id",
+    "comm_name",
+    "comm_desc",
+    "comm_size",
+    "comm_ranks",
+    *COORDS,
+    "seq",
+    "bytes",
+    "start_ns",
+    "end_ns",
+    "enqueue_ns",
+    "step",
+)
 PREPARE_ROWS = 1 << 15  # rows per preparation window of whole steps (at least one step)
 
 
@@ -854,7 +875,8 @@ def prepare_table(table: pa.Table | pl.DataFrame, use_labels: bool = True) -> tu
     """The operations table with its row index (``row``) and steps (``_step``), and the job's facts."""
     df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
-    df = canonical_order(df).with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
+    df = canonical_order(df.select([c for c in TABLE_COLUMNS if c in df.columns]))
+    df = df.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
     if df.height == 0:
         raise ValueError("no operations to analyse")
     evidence = _insufficient(df)
