@@ -60,7 +60,7 @@ from comminsight.analysis.replay import run as _run
 from comminsight.analysis.replay_inputs import WAIT_CLOCK_SLACK_NS, ReplayInputs
 from comminsight.semantic.matching import match_operations, p2p_pairs
 from comminsight.semantic.order import canonical_order
-from comminsight.semantic.roles import infer_coordinates, infer_roles
+from comminsight.semantic.roles import infer_coordinates, infer_roles, role_rows
 
 COORDS = ("dp_rank", "pp_rank", "tp_rank", "cp_rank")
 # Subset kinds in the order equal costs are listed in (single ranks first: the smallest answer).
@@ -318,8 +318,10 @@ class WindowPart:
 
 
 def plan_preparation(df: pl.DataFrame, prepare: bool = True, max_rows: int | None = None) -> PreparationPlan:
-    """The plan of a windowed preparation of ``df`` (which carries ``row`` and ``_step``)."""
-    pairs = p2p_pairs(df.select(*_WINDOW_COLUMNS))
+    """The plan of a windowed preparation of ``df`` (which carries ``row`` and ``_step``). The send/receive pairs are
+    found one communicator at a time and the roles from the role rows of batches of whole ranks (``_roles``), so that
+    neither holds temporaries over the whole table."""
+    pairs = _pairs_by_communicator(df)
     n_comm, n_unissued = df.select(
         COMM_ROW.sum().alias("n"), (COMM_ROW & pl.col("enqueue_ns").is_null()).sum().alias("u")
     ).row(0)
@@ -327,7 +329,7 @@ def plan_preparation(df: pl.DataFrame, prepare: bool = True, max_rows: int | Non
     return PreparationPlan(
         windows=_preparation_windows(df, pairs, PREPARE_ROWS if max_rows is None else max_rows),
         pairs=pairs,
-        roles=infer_roles(df.drop("row", "_step")) if prepare else {},
+        roles=_roles(df) if prepare else {},
         issue_model=issue_model,
         prepare=prepare,
         next_starts=next_starts(df.lazy(), issue_model).collect(),
@@ -335,6 +337,37 @@ def plan_preparation(df: pl.DataFrame, prepare: bool = True, max_rows: int | Non
 
 
 COMM_ROW = (pl.col("_step") >= 0) & (pl.col("op") != "compute")  # a communication row of a step
+ROLE_BATCH_ROWS = 1 << 18  # rows of whole ranks whose role rows are taken at once (_roles)
+
+
+def _pairs_by_communicator(df: pl.DataFrame) -> pl.DataFrame:
+    """``p2p_pairs`` of ``df``, one communicator at a time (a transfer pairs within its communicator)."""
+    p2p = df.select(*_WINDOW_COLUMNS).filter(pl.col("is_p2p"))
+    if p2p.height == 0:
+        return p2p_pairs(p2p)
+    rows = p2p.with_row_index("_i").group_by("comm_id", maintain_order=True).agg("_i").get_column("_i")
+    parts = [p2p_pairs(p2p[indices]) for indices in rows.to_list()]
+    return pl.concat(parts, how="vertical_relaxed").sort("row")
+
+
+def _roles(df: pl.DataFrame) -> dict[str, str]:
+    """``infer_roles`` of ``df`` (in canonical order: rank first) from the role rows of batches of whole ranks, which
+    concatenated in rank order are the whole table's (``role_rows``)."""
+    per_rank = df.group_by("rank", maintain_order=True).len().get_column("len").to_numpy()
+    ends = np.cumsum(per_rank)
+    parts, start = [], 0
+    while start < df.height:
+        stop = int(
+            ends[
+                max(
+                    np.searchsorted(ends, start + ROLE_BATCH_ROWS, side="right") - 1,
+                    np.searchsorted(ends, start, side="right"),
+                )
+            ]
+        )
+        parts.append(role_rows(df.slice(start, stop - start).drop("row", "_step")))
+        start = stop
+    return infer_roles(pl.concat(parts, how="vertical_relaxed") if parts else df.drop("row", "_step"))
 
 
 def next_starts(rows: pl.LazyFrame, issue_model: bool) -> pl.LazyFrame:
