@@ -9,14 +9,16 @@ before the agent's ingest checkpoint: a restarted agent truncates each file to i
 size, resumes the engine, and skips records it already fed, so no step is lost or written twice.
 
 Engine keys are writer pids (one process drives one GPU); the global rank (segment header
-``RANK``) is attached when a summary is written. Roles are fixed per communicator the first time it
-is seen (its name, else its shape), so signatures stay the same across chunks and restarts. While no
-communicator has come with a name, roles are read from shape alone and the engine checks a winning
-template against the GPU's own period, as offline recovery does (docs/semantic.md).
+``RANK``) is attached when a summary is written. The steps are those offline recovery gives over the node's
+archive (docs/agent.md, "The same steps as the node's archive"): each writer's records, which come in
+completion order, are held until no later record can start before them and fed in the offline order
+(``_release``, ``_program_order``); roles are read once from the whole node's communicators through the one
+record decoder (``_settle_roles``) and fixed, so signatures stay the same across chunks and restarts.
 """
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import logging
@@ -32,14 +34,21 @@ import polars as pl
 
 from comminsight.agent.ingest import atomic_write_json
 from comminsight.formats import header
+from comminsight.formats.operations import SegmentRecords, operations
+from comminsight.formats.rawlog import SegmentHeader
+from comminsight.formats.ring import Columns, columns
 from comminsight.importers.normalise import op_name
 from comminsight.semantic import CheckpointError, StepEngine
 from comminsight.semantic.roles import OP_CODE, ROLE_CODE, ROLES, infer_roles, roles_from_shape_alone, signatures
 
 log = logging.getLogger("comminsight.agent.steps")
-CHECKPOINT_VERSION = 1
+# 2: records held back for their order (``held``, ``watermark``); a version-1 checkpoint held none and loads as is.
+CHECKPOINT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 LIVE_WARMUP = 512  # events per GPU before the engine picks a method (the offline default is 4096)
 RECENT_PER_RANK = 64
+ROLES_WAIT = 8  # polls (batches per GPU) the roles wait for a silent GPU once one GPU has passed the warm-up
+MAX_HELD = 1 << 16  # records of one writer held back for their order (``LiveSteps._release``)
 RECENT_KEPT = 4  # summaries of one block kept for /api/v1/steps (a block can hold many steps)
 _PID_SHIFT = 40  # engine row = pid << 40 | bytes: the engine echoes rows back with their step ids
 _BYTES_MASK = (1 << _PID_SHIFT) - 1
@@ -79,6 +88,110 @@ def _few_distinct(values: np.ndarray, limit: int = 16) -> tuple[np.ndarray, np.n
 
 def _text(values: np.ndarray) -> list[str]:
     return [bytes(v).split(b"\0", 1)[0].decode("utf-8", "replace") for v in values]
+
+
+def _as_columns(records: Any) -> Columns:
+    """A batch as the ring reader gives it (one array per field), whether it came from a ring or a segment."""
+    return records if isinstance(records, Columns) else Columns(columns(records), len(records))
+
+
+def _concat(parts: list[Columns]) -> Columns:
+    parts = [p for p in parts if len(p)]
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        return _as_columns(np.zeros(0, header.record_dtype()))
+    names = [n for n in parts[0].names if all(n in p.data for p in parts)]
+    return Columns({n: np.concatenate([p.data[n] for p in parts]) for n in names}, sum(len(p) for p in parts))
+
+
+def _records(batch: Columns) -> np.ndarray:
+    """``batch`` as sealed-record rows (``header.record_dtype()``): what the decoder and the checkpoint take."""
+    out = np.zeros(len(batch), header.record_dtype())
+    for name, column in batch.data.items():
+        if name in out.dtype.names:
+            out[name] = column
+    return out
+
+
+def _times(recs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of each record in ns: the GPU's times when it has them, else the host's."""
+    if isinstance(recs, Columns) and "_start_ns" in recs.data:  # computed once when the batch came
+        return recs.data["_start_ns"], recs.data["_end_ns"]
+    gpu = (recs["flags"] & header.constants()["CI_FLAG_GPU_TIMES"]) != 0
+    start = np.where(gpu, recs["gpu_start_ns"], recs["enqueue_end_ns"]).astype(np.int64)
+    end = np.where(gpu, recs["gpu_end_ns"], recs["complete_ns"]).astype(np.int64)
+    return start, end
+
+
+# The fields of a record the engine's input is made of (``_feed_records``, ``_program_order``, ``_times``).
+_FED_FIELDS = (
+    "pid",
+    "comm_hash",
+    "func",
+    "kind",
+    "peer",
+    "seq",
+    "bytes",
+    "flags",
+    "enqueue_start_ns",
+    "enqueue_end_ns",
+    "gpu_start_ns",
+    "gpu_end_ns",
+    "complete_ns",
+)
+
+
+def _catalogue_key(recs: Any) -> np.ndarray:
+    """A uint64 per (communicator, writer, op name, peer) of ``recs``."""
+    return (
+        _string_key(recs["func"])
+        ^ recs["comm_hash"].astype(np.uint64)
+        ^ (recs["pid"].astype(np.uint64) << np.uint64(20))
+        ^ (recs["peer"].astype(np.int64).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    )
+
+
+_OP_ORDER = {op: i for i, op in enumerate(sorted(OP_CODE))}  # op names in the order a sort by name gives
+
+
+def _program_order(
+    recs: Any,
+    pid: np.ndarray,
+    start: np.ndarray,
+    pair_first: np.ndarray,
+    pair_codes: np.ndarray,
+    names: list[str],
+    one_writer: bool,
+) -> np.ndarray | None:
+    """The positions of ``recs`` in the order offline recovery reads operations (``ORDER_COLUMNS``), or None.
+
+    By writer, start, issue time, communicator, kind, op name, peer, NCCL sequence number, end and size; as
+    the operations table has them (unknown issue times and peers last). Operations a GPU starts at one
+    instant (a grouped send and receive) are then read in the same order on both paths.
+    """
+    if one_writer and np.all(start[1:] > start[:-1]):
+        return None  # the usual batch: in start order, no two at one instant
+    max_i64 = np.iinfo(np.int64).max
+    enqueue = recs["enqueue_start_ns"]
+    enqueue = np.where((enqueue == 0) | (enqueue > np.uint64(max_i64)), np.uint64(max_i64), enqueue)
+    peer = recs["peer"].astype(np.int64)
+    op_rank = np.array([_OP_ORDER.get(op_name(f), len(_OP_ORDER)) for f in names], np.int64)[pair_codes]
+    is_p2p = recs["kind"] == header.constants()["CI_KIND_P2P"]
+    _, end = _times(recs)
+    keys = (
+        recs["bytes"],
+        end,
+        recs["seq"],
+        np.where(peer < 0, max_i64, peer),
+        op_rank,
+        is_p2p,
+        recs["comm_hash"],
+        enqueue,
+        start,
+        pid,
+    )
+    return np.lexsort(keys)
 
 
 def _summaries(block: dict[str, Any], host: str, lo: int, hi: int) -> list[dict[str, Any]]:
@@ -148,7 +261,16 @@ class LiveSteps:
         # agree with each GPU's own period (the offline rule, ``StepEngine`` ``check_templates``).
         self.engine = StepEngine(warmup=LIVE_WARMUP, check_templates=True)
         self.roles: dict[int, int] = {}  # comm_hash -> role code, fixed at first sight
-        self.fed_seq: dict[str, int] = {}  # writer -> highest record_seq fed
+        self.fed_seq: dict[str, int] = {}  # writer -> highest record_seq taken (fed, or held in ``held``)
+        self.held: dict[str, Columns] = {}  # writer -> records waiting for their place in start order
+        # writer -> (latest end, longest duration, start below which records were released) (``_release``)
+        self.watermark: dict[str, tuple[int, int, int]] = {}
+        self.late_records = 0  # records that came behind the watermark (fed out of start order)
+        # The first record of each (communicator, writer, op, peer): what roles are read from.
+        self.catalogue = _as_columns(np.zeros(0, header.record_dtype()))
+        self._catalogue_keys: set[int] = set()  # their keys (``_catalogue_key``)
+        self._waited = 0  # batches since a GPU passed the warm-up, roles not settled (``_roles_ready``)
+        self.settled = False  # roles given to the communicators of the catalogue (``_settle_roles``)
         self.sizes: dict[str, int] = {}  # summary file -> bytes committed by this agent
         self.archived: dict[str, int] = {}  # summary file -> bytes already put into an archive
         # Per GPU (pid): ids of steps not final yet, ascending, and the bytes of their operations so far.
@@ -167,16 +289,114 @@ class LiveSteps:
 
     # ---- feeding ---------------------------------------------------------------------------------
     def feed(self, writer: str, records: Any) -> int:
-        """Feed a batch of verified records of one writer; returns the step summaries written."""
+        """Take a batch of verified records of one writer; returns the step summaries written.
+
+        Records come in the order their operations completed; the engine reads each GPU's operations in the
+        order offline recovery reads them (``comminsight.semantic.order``: by start, then issue time, then what
+        they are). A record is held back until no operation of its writer still to come can start before it
+        (``_release``), then fed in that order.
+        """
         consts = header.constants()
         if len(records) == 0:
             return 0
         seq = records["record_seq"].astype(np.int64)
         keep = (seq > self.fed_seq.get(writer, -1)) & (records["state"] == consts["CI_STATE_COMPLETED"])
+        self.fed_seq[writer] = max(self.fed_seq.get(writer, -1), int(seq.max()))
         if not keep.any():
-            self.fed_seq[writer] = max(self.fed_seq.get(writer, -1), int(seq.max()))
             return 0
-        recs = records[keep] if not keep.all() else records
+        recs = _as_columns(records)
+        recs = recs[keep] if not keep.all() else recs
+        self._catalogue(recs)
+        # What the engine reads of a record, and nothing else, is held, ordered and fed (fewer copies).
+        fed = Columns({n: recs.data[n] for n in _FED_FIELDS}, len(recs))
+        fed.data["_start_ns"], fed.data["_end_ns"] = _times(recs)
+        return sum(self._feed_records(ready) for ready in self._release(writer, fed) if len(ready))
+
+    def _release(self, writer: str, recs: Columns) -> list[Columns]:
+        """The held records (``recs`` now among them) that no later record can start before, in parts to be fed
+        one after the other; holds the rest.
+
+        The plugin writes a record when its operation completes, so every operation still to come ends at or
+        after the latest end seen, and starts at most the longest duration seen before that: a record that
+        starts earlier than ``latest end - longest duration`` (the writer's watermark) has all its predecessors
+        in start order. An operation longer than any before it can still arrive behind the watermark; it is fed
+        late, as it comes (``late_records`` counts them). Until the roles are settled (the first GPU has
+        ``LIVE_WARMUP`` records and every GPU has shown its own, ``_roles_ready``), every record is held.
+        """
+        start, end = _times(recs)
+        latest, longest, released_to = self.watermark.get(writer, (int(end.max()), 0, np.iinfo(np.int64).min))
+        self.late_records += int(np.count_nonzero(start < released_to))
+        self.watermark[writer] = (max(latest, int(end.max())), max(longest, int((end - start).max())), released_to)
+        held = self.held.get(writer)
+        if self.settled and held is not None and len(held):
+            # The usual case: a few held records and a batch. Each splits at the watermark on its own; when the
+            # held ones released all start before the batch's, they are fed first and nothing large is copied.
+            held_out, held_in = self._split(writer, held)
+            recs_out, recs_in = self._split(writer, recs)
+            if len(held_in) + len(recs_in) <= MAX_HELD and (
+                not len(held_out) or not len(recs_out) or _times(held_out)[0].max() < _times(recs_out)[0].min()
+            ):
+                self.held[writer] = _concat([held_in, recs_in])
+                return [held_out, recs_out]
+        self.held[writer] = _concat([held, recs]) if held is not None else recs
+        if not self.settled:
+            if not self._roles_ready():
+                return []
+            self._settle_roles()
+            return [_concat([self._release_held(w) for w in sorted(self.held)])]
+        return [self._release_held(writer)]
+
+    def _split(self, writer: str, recs: Columns) -> tuple[Columns, Columns]:
+        """``recs`` below the writer's watermark, and the rest (both in arrival order); the watermark advances."""
+        latest, longest, released_to = self.watermark[writer]
+        start, _ = _times(recs)
+        release = start < latest - longest
+        k = int(np.count_nonzero(release))
+        if k:
+            self.watermark[writer] = (
+                latest,
+                longest,
+                max(released_to, int(start[release].max()) + 1, latest - longest),
+            )
+        if release[:k].all():
+            return Columns({n: c[:k] for n, c in recs.data.items()}, k), Columns(
+                {n: c[k:] for n, c in recs.data.items()}, len(recs) - k
+            )
+        return recs[release], recs[~release]
+
+    def _roles_ready(self) -> bool:
+        """Whether the catalogue shows the node's communicators: a GPU has passed the warm-up and every GPU the
+        agent knows of has shown its records, or, since the warm-up was passed, ``ROLES_WAIT`` batches per GPU seen
+        have come (the agent reads every ring at each poll: a GPU still silent then is gone or idle)."""
+        most = max(len(h) for h in self.held.values())
+        if most < LIVE_WARMUP:
+            return False
+        self._waited += 1
+        seen = set(np.unique(self.catalogue["pid"]).tolist())
+        if all(pid in seen for pid in self.pid_rank):
+            return True
+        return most >= MAX_HELD or self._waited > ROLES_WAIT * len(self.held)
+
+    def _release_held(self, writer: str) -> Any:
+        """The held records of ``writer`` below its watermark (at most ``MAX_HELD`` stay held)."""
+        held = self.held[writer]
+        latest, longest, released_to = self.watermark[writer]
+        start, _ = _times(held)
+        release = start < latest - longest
+        if len(held) - np.count_nonzero(release) > MAX_HELD:  # an operation that never seems to end: bound the wait
+            release |= start <= np.sort(start)[len(held) - MAX_HELD - 1]
+        if release.any():
+            released_to = max(released_to, int(start[release].max()) + 1, latest - longest)
+        self.watermark[writer] = (latest, longest, released_to)
+        k = int(np.count_nonzero(release))
+        if release[:k].all():  # the usual case: all but the newest few (views, no copy)
+            self.held[writer] = Columns({n: c[k:] for n, c in held.data.items()}, len(held) - k)
+            return Columns({n: c[:k] for n, c in held.data.items()}, k)
+        self.held[writer] = held[~release]
+        return held[release]
+
+    def _feed_records(self, recs: Any) -> int:
+        """Feed released records (any writers) to the engine, each GPU's in program order; returns summaries written."""
         comm = recs["comm_hash"]
         # One code per (communicator, op name) pair: a batch of one GPU holds a handful of them, and role,
         # op and the signature's high part are functions of the pair.
@@ -185,7 +405,7 @@ class LiveSteps:
         )
         comm_values = comm[pair_first].tolist()
         if any(int(c) not in self.roles for c in comm_values):
-            self._learn_roles(recs)
+            self._settle_roles()  # a communicator first seen after the roles were settled
         pair_role = np.array([self.roles[int(c)] for c in comm_values], np.int64)
         names = _text(recs["func"][pair_first])
         pair_op = np.array([OP_CODE.get(op_name(f), OP_CODE["other"]) for f in names], np.int64)
@@ -194,15 +414,10 @@ class LiveSteps:
         zero = np.zeros(len(pair_first), np.int64)
         # signatures() is linear in its parts: the pair's part plus the size bucket's (role = op = 0).
         sig = signatures(pair_role, pair_op, zero)[pair_codes] + signatures(zero[:1], zero[:1], nbytes)
-        gpu = (recs["flags"] & consts["CI_FLAG_GPU_TIMES"]) != 0
-        start = np.where(gpu, recs["gpu_start_ns"], recs["enqueue_end_ns"]).astype(np.int64)
-        end = np.where(gpu, recs["gpu_end_ns"], recs["complete_ns"]).astype(np.int64)
+        start, end = _times(recs)
         pid = recs["pid"].astype(np.int64)
         one_writer = bool(pid[0] == pid[-1] and np.all(pid == pid[0]))  # as rings and segments give
-        if one_writer:
-            order = None if np.all(start[1:] >= start[:-1]) else np.argsort(start, kind="stable")
-        else:
-            order = np.lexsort((start, pid))
+        order = _program_order(recs, pid, start, pair_first, pair_codes, names, one_writer)
         chunk = {
             "rank": pid,
             "row": (pid << _PID_SHIFT) | np.minimum(np.maximum(nbytes, 0), _BYTES_MASK),
@@ -214,46 +429,70 @@ class LiveSteps:
         if order is not None:
             chunk = {k: v[order] for k, v in chunk.items()}
         out = self.engine.feed(chunk)
-        written = self._emit(out, int(pid[0]) if one_writer else None)
-        self.fed_seq[writer] = max(self.fed_seq.get(writer, -1), int(seq.max()))
-        return written
+        return self._emit(out, int(pid[0]) if one_writer else None)
 
-    def _learn_roles(self, recs: Any) -> None:
-        comms = np.unique(recs["comm_hash"])
-        unknown = [int(c) for c in comms.tolist() if int(c) not in self.roles]
-        if not unknown:
+    def _catalogue(self, recs: Columns) -> None:
+        """Keep the first record of each (communicator, writer, op, peer) of ``recs``: what roles are read from."""
+        keys = _catalogue_key(recs)
+        firsts, _ = _few_distinct(keys, limit=64)
+        if len(self._catalogue_keys) != len(self.catalogue):  # restored from a checkpoint
+            self._catalogue_keys = set(_catalogue_key(self.catalogue).tolist()) if len(self.catalogue) else set()
+        first_keys = keys[firsts].tolist()
+        new = [i for i, key in zip(firsts.tolist(), first_keys, strict=True) if key not in self._catalogue_keys]
+        self._catalogue_keys.update(first_keys)
+        if new:
+            rows = np.sort(np.asarray(new, np.int64))
+            self.catalogue = _concat([self.catalogue, Columns({n: c[rows] for n, c in recs.data.items()}, len(rows))])
+
+    def _settle_roles(self) -> None:
+        """Roles of the communicators in the catalogue not given one yet, read as offline recovery reads them.
+
+        The catalogue's records go through the one record decoder (``comminsight.formats.operations``, P2P peers
+        as global ranks) and ``infer_roles``, over every GPU of the node seen so far, as over the node's archive;
+        a communicator's name is read as its description (the archive path reads descriptions only: see
+        docs/agent.md). The first call also decides whether roles come from shape alone (``check_templates``).
+        Roles already given stay: signatures must mean the same thing across chunks and restarts.
+        """
+        if not len(self.catalogue):
             return
-        mask = np.isin(recs["comm_hash"], np.array(unknown, np.uint64))
-        # One row per (communicator, writer, op) is all role inference needs.
-        key = (
-            _string_key(recs["func"][mask])
-            ^ recs["comm_hash"][mask].astype(np.uint64)
-            ^ recs["pid"][mask].astype(np.uint64)
-        )
-        _, first = np.unique(key, return_index=True)
-        mask = np.flatnonzero(mask)[first]
-        pids = recs["pid"][mask]
-        catalogue = pl.DataFrame(
-            {
-                "comm_id": [f"0x{int(c):016x}" for c in recs["comm_hash"][mask].tolist()],
-                "rank": [self.pid_rank.get(int(p), int(p)) for p in pids.tolist()],
-                "op": [op_name(f) for f in _text(recs["func"][mask])],
-                "is_p2p": (recs["kind"][mask] == header.constants()["CI_KIND_P2P"]).tolist(),
-                "comm_desc": [n or None for n in _text(recs["comm_name"][mask])],
-                "comm_size": recs["nranks"][mask].astype(np.int64).tolist(),
-                "comm_ranks": pl.Series([None] * len(mask), dtype=pl.List(pl.Int64)),
-            }
-        ).unique(subset=["comm_id", "rank", "op"])
-        if not roles_from_shape_alone(catalogue):
-            self.engine.check_templates = False  # roles named by the job (kept in the engine's checkpoint)
-        for comm_id, role in infer_roles(catalogue).items():
-            self.roles[int(comm_id, 16)] = ROLE_CODE.get(role, 0)
-        for c in unknown:
-            self.roles.setdefault(c, 0)
+        ranks = self.pid_rank
+        rows = _records(self.catalogue)
+        parts = [
+            SegmentRecords(
+                SegmentHeader(
+                    pid=pid,
+                    start_ns=0,
+                    segment_index=0,
+                    local_rank=-1,
+                    global_rank=ranks.get(pid, pid),
+                    world_size=0,
+                    host="",
+                    workload_id="",
+                    node_ip="",
+                ),
+                rows[rows["pid"] == pid],
+            )
+            for pid in np.unique(rows["pid"]).tolist()
+        ]
+        table = pl.from_arrow(operations(parts))
+        assert isinstance(table, pl.DataFrame)
+        table = table.with_columns(comm_desc=pl.coalesce("comm_desc", "comm_name"))
+        if not self.settled:
+            self.engine.check_templates = roles_from_shape_alone(table)  # kept in the engine's checkpoint
+            self.settled = True
+        for comm_id, role in infer_roles(table).items():
+            self.roles.setdefault(int(comm_id, 16), ROLE_CODE.get(role, 0))
+        for c in np.unique(self.catalogue["comm_hash"]).tolist():
+            self.roles.setdefault(int(c), 0)
 
     def flush(self) -> int:
-        """End of the job on this node: finalise every open step (and write them)."""
-        written = self._emit(self.engine.flush())
+        """End of the job on this node: feed every held record, finalise every open step (and write them)."""
+        if not self.settled:
+            self._settle_roles()
+        held = [recs for recs in self.held.values() if len(recs)]
+        self.held = {}
+        written = self._feed_records(_concat(held)) if held else 0
+        written += self._emit(self.engine.flush())
         self.write_pending()
         return written
 
@@ -415,6 +654,11 @@ class LiveSteps:
                 "engine": self.engine.checkpoint().decode(),
                 "roles": {str(k): v for k, v in self.roles.items()},
                 "fed_seq": self.fed_seq,
+                "held": {w: base64.b64encode(_records(r).tobytes()).decode() for w, r in self.held.items() if len(r)},
+                "watermark": {w: list(m) for w, m in self.watermark.items()},
+                "late_records": self.late_records,
+                "catalogue": base64.b64encode(_records(self.catalogue).tobytes()).decode(),
+                "settled": self.settled,
                 "sizes": self.sizes,
                 "archived": self.archived,
                 "bytes_acc": [
@@ -432,13 +676,26 @@ class LiveSteps:
         """Resume from the checkpoint: truncate summary files to their committed size, reload the engine."""
         try:
             saved = json.loads(self.checkpoint_path.read_text())
-            if saved.get("version") != CHECKPOINT_VERSION:
+            if saved.get("version") not in READABLE_VERSIONS:
                 raise ValueError(f"version {saved.get('version')!r}")
             engine = StepEngine.resume(saved["engine"].encode())
             engine.warmup = LIVE_WARMUP
             self.engine = engine
             self.roles = {int(k): int(v) for k, v in saved["roles"].items()}
             self.fed_seq = {str(k): int(v) for k, v in saved["fed_seq"].items()}
+            dtype = header.record_dtype()
+            held = {str(w): base64.b64decode(b, validate=True) for w, b in saved.get("held", {}).items()}
+            catalogue = base64.b64decode(saved.get("catalogue", ""), validate=True)
+            if any(len(raw) % dtype.itemsize or len(raw) > MAX_HELD * dtype.itemsize for raw in held.values()):
+                raise ValueError("held records are not whole records")
+            if len(catalogue) % dtype.itemsize:
+                raise ValueError("the role catalogue is not whole records")
+            self.held = {w: _as_columns(np.frombuffer(raw, dtype).copy()) for w, raw in held.items()}
+            self.catalogue = _as_columns(np.frombuffer(catalogue, dtype).copy())
+            # Version 1 fixed each communicator's role at first sight: those roles are settled.
+            self.settled = bool(saved.get("settled", True))
+            self.watermark = {str(w): (int(m[0]), int(m[1]), int(m[2])) for w, m in saved.get("watermark", {}).items()}
+            self.late_records = int(saved.get("late_records", 0))
             self.sizes = {str(k): int(v) for k, v in saved["sizes"].items()}
             self.archived = {str(k): int(v) for k, v in saved.get("archived", {}).items()}
             open_bytes: dict[int, list[tuple[int, int]]] = {}
@@ -456,6 +713,8 @@ class LiveSteps:
         except (ValueError, KeyError, TypeError, CheckpointError) as exc:
             log.warning("step checkpoint %s unreadable (%s); step recovery starts afresh", self.checkpoint_path, exc)
             saved = None
+            # Nothing of a half-read checkpoint stays: the state of a fresh agent.
+            self.__dict__.update(LiveSteps(self.dir, self.host, self._pid_rank).__dict__)
         # Lines written after the checkpoint are written again from the replayed records: cut them.
         if self.dir.exists():
             for path in self.dir.glob("*.jsonl"):
