@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from functools import cache
 from typing import Any, TypeVar
 
-from django.db import connections
+from django.db import NotSupportedError, connections
 from django.db.models import Model
 
 M = TypeVar("M", bound=Model)
@@ -88,7 +88,9 @@ def cursor(using: str = "default") -> Iterator[Any]:
     Only these statements bind on the server: the rest of the site keeps Django's client-side binding, which some
     ORM queries need (Django's ``server_side_binding`` option would switch every query). Prepared statements
     (``prepare_threshold``, set by the settings) apply only to such cursors, so only these statements are
-    prepared. Each thread has a connection of its own, so the factory is swapped for this one cursor alone."""
+    prepared. Each thread has a connection of its own, so the factory is swapped for this one cursor alone. A
+    statement prepared before a migration changed its table's result type fails; the connection is then closed, so
+    it fails once rather than on every later run."""
     connection = connections[using]
     if connection.vendor != "postgresql":
         with connection.cursor() as plain:
@@ -105,7 +107,15 @@ def cursor(using: str = "default") -> Iterator[Any]:
     finally:
         driver.cursor_factory = factory
     with bound:
-        yield bound
+        try:
+            yield bound
+        except NotSupportedError as error:
+            if "cached plan must not change result type" in str(error):
+                # A migration changed a table's shape under a prepared statement: nothing rolls back in autocommit,
+                # so the connection would fail so until it is closed. Closed, it is not pooled again either.
+                driver.close()
+                connection.close()
+            raise
 
 
 def select_one(model: type[M], where: str, params: list[Any], using: str = "default") -> M | None:

@@ -8,6 +8,8 @@ import threading
 import uuid
 from datetime import timedelta
 
+import pytest
+from django.db import NotSupportedError, connection
 from django.utils import timezone
 from rest_framework import serializers
 
@@ -139,3 +141,25 @@ def test_serializers_with_fields_built_once_answer_every_request_as_stock_drf_do
         thread.start()
         thread.join()
         assert elsewhere == expected[::-1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_prepared_statement_whose_table_changed_shape_fails_once_not_until_restart(personas):
+    # A migration that changes a column's type while servers run makes their prepared statements fail ("cached
+    # plan must not change result type"); in autocommit nothing rolls back, so without care every later run on
+    # that pooled connection failed the same way.
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's (COMMINSIGHT_DB_PREPARE_THRESHOLD)")
+    workload = Workload.objects.create(owner=personas.alice, external_id="job-shape", name="job-shape")
+    for _ in range(8):  # past the threshold: prepared
+        assert rows.select_one(Workload, "t.id = %s", [workload.pk]).name == "job-shape"
+    table, column = Workload._meta.db_table, Workload._meta.get_field("name").column
+    with connection.cursor() as cursor:
+        cursor.execute(f'ALTER TABLE "{table}" ALTER COLUMN "{column}" TYPE text')
+    try:
+        with pytest.raises(NotSupportedError, match="cached plan"):
+            rows.select_one(Workload, "t.id = %s", [workload.pk])
+        assert rows.select_one(Workload, "t.id = %s", [workload.pk]).name == "job-shape"
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f'ALTER TABLE "{table}" ALTER COLUMN "{column}" TYPE varchar(200)')
