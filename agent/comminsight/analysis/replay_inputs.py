@@ -39,6 +39,7 @@ from comminsight.analysis import replay as replay_module
 from comminsight.analysis.keyed_quantiles import keyed_quantiles
 
 WAIT_CLOCK_SLACK_NS = 50_000  # CPU issue times and GPU end times come from different clocks
+NOISE_MULTIPLE = 3.0  # host-wait votes: standard errors by which the slope must fall short of one half
 SINGLE = np.int64(1) << 62  # group ids of events that form no group: after every matched group's, in event order
 # What a window passes to the next per rank: its last operation's (global) index, end, issue time, label, step and
 # the step's begin.
@@ -302,39 +303,65 @@ class ReplayInputs:
         Issuing after the previous operation ended does not prove a wait: a rank whose compute outlasts the
         operation (a straggler, or anyone when the operation was delayed) issues after the end anyway. Whether a
         host waits is a property of the program, so it is decided per place in it (the rank's program in the step,
-        previous operation, operation, occurrence), over every rank and step running that program: it waits when
-        the issue (nearly) always follows the end and the time from the end varies less than the time from the
-        previous issue (a wait absorbs the others' lateness; compute does not).
+        previous operation, operation, occurrence), over every rank and step running that program. A wait absorbs
+        the previous operation's duration (issue to end: the others' lateness), so the time from the previous
+        issue grows one for one with it; a host that issues on its own schedule does not see it. The growth is the
+        slope of a resistant line (Tukey's: the medians of the time from the issue in the lower and the upper third
+        of the instances by that duration, over the difference of their median durations). The host waits when the
+        issue (nearly) always follows the end, unless the slope is below one half (halfway between the two) by more
+        than ``NOISE_MULTIPLE`` standard errors (each median's from its third's robust spread): the issue following
+        the end is itself the sign of a wait, and only evidence against it decides otherwise.
 
-        Variation is the mean absolute deviation from the median, which weighs every instance. Not the
-        interquartile range: with one straggler in four ranks, the straggler is a quarter of the instances and both
-        quartiles sit on the edge between it and the healthy ranks, so the range compared the healthy ranks'
-        extremes and one step's hiccup flipped the decision (a simulated DDP job read as x1.03 instead of x1.58,
-        depending on how many steps were analysed). Medians by counting passes over the windows
-        (``keyed_quantiles``), then the deviations as sums: exact, of integer nanoseconds or halves.
+        Not a comparison of the spreads of the time from the end and from the issue (the mean absolute deviation
+        until 2026-12-04; the interquartile range before): the machine decided it. A host that lags behind its
+        program finds the previous operation complete (it waits less) and issues the next one late from the end but
+        on time from the issue, and the machine's delays are one-sided and heavy-tailed: in fault-free simulated
+        Megatron runs under load a pipeline stage's wait at a receive read as its compute and the stage was named
+        (tests/data/simulated_megatron_clean_machine_slow, _stage1_lagging; docs/analysis-stragglers.md). Quantiles
+        by counting passes over the windows (``keyed_quantiles``).
         """
         n_places = len(self.places)
+        fields = ("place", "has_prev", "q", "prev_q", "prev_end")
 
-        def values(name: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-            for b in self.blocks.each("place", "has_prev", "q", "prev_q", "prev_end"):
+        def instances() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+            for b in self.blocks.each(*fields):
                 ok = b["has_prev"]
-                yield b["place"][ok], (b["q"] - (b["prev_q"] if name == "issue" else b["prev_end"]))[ok]
+                q, prev_q = b["q"][ok], b["prev_q"][ok]
+                yield (
+                    b["place"][ok],
+                    q - prev_q,
+                    b["prev_end"][ok] - prev_q,
+                    q >= b["prev_end"][ok] - WAIT_CLOCK_SLACK_NS,
+                )
 
-        medians = {name: keyed_quantiles(lambda n=name: values(n), n_places, (0.5,))[:, 0] for name in ("issue", "end")}
+        # The lower and upper thirds of each place's instances by the previous operation's duration (``took``).
+        cuts = keyed_quantiles(lambda: ((p, took) for p, _, took, _ in instances()), n_places, (1 / 3, 2 / 3))
+
+        def sides() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+            # Per instance in a third: key place x 2 + (0 lower, 1 upper), its time from the issue and its duration.
+            for p, issue, took, _ in instances():
+                for side, inside in ((0, took <= cuts[p, 0]), (1, took >= cuts[p, 1])):
+                    yield 2 * p[inside] + side, issue[inside], took[inside]
+
+        n_keys = 2 * n_places
+        took_med = keyed_quantiles(lambda: ((k, t) for k, _, t in sides()), n_keys, (0.5,))[:, 0]
+        issue_med = keyed_quantiles(lambda: ((k, i) for k, i, _ in sides()), n_keys, (0.5,))[:, 0]
+        mad = keyed_quantiles(lambda: ((k, np.abs(i - issue_med[k])) for k, i, _ in sides()), n_keys, (0.5,))[:, 0]
+        side_n = np.zeros(n_keys, np.int64)
+        for k, _, _ in sides():
+            side_n += np.bincount(k, minlength=n_keys)
         count, after = np.zeros(n_places, np.int64), np.zeros(n_places, np.int64)
-        spread = {name: np.zeros(n_places) for name in medians}
-        for b in self.blocks.each("place", "has_prev", "q", "prev_q", "prev_end"):
-            ok = b["has_prev"]
-            place, q = b["place"][ok], b["q"][ok]
-            count += np.bincount(place, minlength=n_places)
-            after += np.bincount(
-                place, weights=q >= b["prev_end"][ok] - WAIT_CLOCK_SLACK_NS, minlength=n_places
-            ).astype(np.int64)
-            for name, base in (("issue", b["prev_q"][ok]), ("end", b["prev_end"][ok])):
-                deviation = np.abs(q - base - medians[name][place])
-                spread[name] += np.bincount(place, weights=deviation, minlength=n_places)
+        for p, _, _, is_after in instances():
+            count += np.bincount(p, minlength=n_places)
+            after += np.bincount(p, weights=is_after, minlength=n_places).astype(np.int64)
+        # A median's variance from its third's robust spread: (1.2533 x 1.4826 x MAD)^2 / count.
+        variance = (1.2533 * 1.4826 * np.nan_to_num(mad)) ** 2 / np.maximum(side_n, 1)
+        took = np.nan_to_num(took_med[1::2] - took_med[0::2])
+        grew = np.nan_to_num(issue_med[1::2] - issue_med[0::2])
+        se = np.sqrt(variance[0::2] + variance[1::2])
+        below_half = (took > 0) & (grew + NOISE_MULTIPLE * se < 0.5 * took)
         n = np.maximum(count, 1)
-        return (count > 0) & (after / n >= 0.9) & (spread["end"] / n <= spread["issue"] / n)
+        return (count > 0) & (after / n >= 0.9) & ~below_half
 
     def _gap_sync(self, b: dict[str, np.ndarray], waits: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """A window's (gap, sync) per event."""
