@@ -310,11 +310,11 @@ class LiveSteps:
         # What the engine reads of a record, and nothing else, is held, ordered and fed (fewer copies).
         fed = Columns({n: recs.data[n] for n in _FED_FIELDS}, len(recs))
         fed.data["_start_ns"], fed.data["_end_ns"] = _times(recs)
-        return sum(self._feed_records(ready) for ready in self._release(writer, fed) if len(ready))
+        return self._feed_records(*self._release(writer, fed))
 
     def _release(self, writer: str, recs: Columns) -> list[Columns]:
-        """The held records (``recs`` now among them) that no later record can start before, in parts to be fed
-        one after the other; holds the rest.
+        """The held records (``recs`` now among them) that no later record can start before, in parts that follow
+        one another in program order (fed as one); holds the rest.
 
         The plugin writes a record when its operation completes, so every operation still to come ends at or
         after the latest end seen, and starts at most the longest duration seen before that: a record that
@@ -330,7 +330,8 @@ class LiveSteps:
         held = self.held.get(writer)
         if self.settled and held is not None and len(held):
             # The usual case: a few held records and a batch. Each splits at the watermark on its own; when the
-            # held ones released all start before the batch's, they are fed first and nothing large is copied.
+            # held ones released all start before the batch's, both go to the engine in one feed, the held first
+            # (the engine's cost per feed is the larger part of a batch's) and no record column is copied.
             held_out, held_in = self._split(writer, held)
             recs_out, recs_in = self._split(writer, recs)
             if len(held_in) + len(recs_in) <= MAX_HELD and (
@@ -395,8 +396,24 @@ class LiveSteps:
         self.held[writer] = held[~release]
         return held[release]
 
-    def _feed_records(self, recs: Any) -> int:
-        """Feed released records (any writers) to the engine, each GPU's in program order; returns summaries written."""
+    def _feed_records(self, *parts: Any) -> int:
+        """Feed released records (any writers) to the engine in one feed, each GPU's in program order; returns
+        summaries written. ``parts`` follow one another in program order (``_release``): each is ordered on its
+        own and their engine input joined, so no record column is copied to join them."""
+        made = [self._chunk(recs) for recs in parts if len(recs)]
+        if not made:
+            return 0
+        if len(made) == 1:
+            chunk, only = made[0]
+        else:
+            chunk = {k: np.concatenate([c[k] for c, _ in made]) for k in made[0][0]}
+            onlys = {only for _, only in made}
+            only = onlys.pop() if len(onlys) == 1 else None
+        out = self.engine.feed(chunk)
+        return self._emit(out, only)
+
+    def _chunk(self, recs: Any) -> tuple[dict[str, np.ndarray], int | None]:
+        """The engine's input for released records ``recs``, in program order, and their writer if only one."""
         comm = recs["comm_hash"]
         # One code per (communicator, op name) pair: a batch of one GPU holds a handful of them, and role,
         # op and the signature's high part are functions of the pair.
@@ -428,8 +445,7 @@ class LiveSteps:
         }
         if order is not None:
             chunk = {k: v[order] for k, v in chunk.items()}
-        out = self.engine.feed(chunk)
-        return self._emit(out, int(pid[0]) if one_writer else None)
+        return chunk, (int(pid[0]) if one_writer else None)
 
     def _catalogue(self, recs: Columns) -> None:
         """Keep the first record of each (communicator, writer, op, peer) of ``recs``: what roles are read from."""
