@@ -142,10 +142,17 @@ _FED_FIELDS = (
 )
 
 
+def _func_key(recs: Any) -> np.ndarray:
+    """``_string_key`` of the records' op names: computed once when a batch comes (``LiveSteps.feed``)."""
+    if isinstance(recs, Columns) and "_func_key" in recs.data:
+        return recs.data["_func_key"]
+    return _string_key(recs["func"])
+
+
 def _catalogue_key(recs: Any) -> np.ndarray:
     """A uint64 per (communicator, writer, op name, peer) of ``recs``."""
     return (
-        _string_key(recs["func"])
+        _func_key(recs)
         ^ recs["comm_hash"].astype(np.uint64)
         ^ (recs["pid"].astype(np.uint64) << np.uint64(20))
         ^ (recs["peer"].astype(np.int64).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
@@ -306,10 +313,11 @@ class LiveSteps:
             return 0
         recs = _as_columns(records)
         recs = recs[keep] if not keep.all() else recs
-        self._catalogue(recs)
         # What the engine reads of a record, and nothing else, is held, ordered and fed (fewer copies).
         fed = Columns({n: recs.data[n] for n in _FED_FIELDS}, len(recs))
         fed.data["_start_ns"], fed.data["_end_ns"] = _times(recs)
+        fed.data["_func_key"] = _string_key(recs["func"])
+        self._catalogue(recs, fed.data["_func_key"])
         return self._feed_records(*self._release(writer, fed))
 
     def _release(self, writer: str, recs: Columns) -> list[Columns]:
@@ -418,7 +426,7 @@ class LiveSteps:
         # One code per (communicator, op name) pair: a batch of one GPU holds a handful of them, and role,
         # op and the signature's high part are functions of the pair.
         pair_first, pair_codes = _few_distinct(
-            comm.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ _string_key(recs["func"]), limit=32
+            comm.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ _func_key(recs), limit=32
         )
         comm_values = comm[pair_first].tolist()
         if any(int(c) not in self.roles for c in comm_values):
@@ -447,9 +455,9 @@ class LiveSteps:
             chunk = {k: v[order] for k, v in chunk.items()}
         return chunk, (int(pid[0]) if one_writer else None)
 
-    def _catalogue(self, recs: Columns) -> None:
+    def _catalogue(self, recs: Columns, func_key: np.ndarray) -> None:
         """Keep the first record of each (communicator, writer, op, peer) of ``recs``: what roles are read from."""
-        keys = _catalogue_key(recs)
+        keys = _catalogue_key(Columns({**recs.data, "_func_key": func_key}, len(recs)))
         firsts, _ = _few_distinct(keys, limit=64)
         if len(self._catalogue_keys) != len(self.catalogue):  # restored from a checkpoint
             self._catalogue_keys = set(_catalogue_key(self.catalogue).tolist()) if len(self.catalogue) else set()
