@@ -119,8 +119,9 @@ def _times(recs: Any) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(recs, Columns) and "_start_ns" in recs.data:  # computed once when the batch came
         return recs.data["_start_ns"], recs.data["_end_ns"]
     gpu = (recs["flags"] & header.constants()["CI_FLAG_GPU_TIMES"]) != 0
-    start = np.where(gpu, recs["gpu_start_ns"], recs["enqueue_end_ns"]).astype(np.int64)
-    end = np.where(gpu, recs["gpu_end_ns"], recs["complete_ns"]).astype(np.int64)
+    # np.where makes a new uint64 array: read as int64 in place (the same bits astype gives, no second copy).
+    start = np.where(gpu, recs["gpu_start_ns"], recs["enqueue_end_ns"]).view(np.int64)
+    end = np.where(gpu, recs["gpu_end_ns"], recs["complete_ns"]).view(np.int64)
     return start, end
 
 
@@ -153,7 +154,7 @@ def _catalogue_key(recs: Any) -> np.ndarray:
     """A uint64 per (communicator, writer, op name, peer) of ``recs``."""
     return (
         _func_key(recs)
-        ^ recs["comm_hash"].astype(np.uint64)
+        ^ recs["comm_hash"].astype(np.uint64, copy=False)
         ^ (recs["pid"].astype(np.uint64) << np.uint64(20))
         ^ (recs["peer"].astype(np.int64).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
     )
@@ -426,7 +427,7 @@ class LiveSteps:
         # One code per (communicator, op name) pair: a batch of one GPU holds a handful of them, and role,
         # op and the signature's high part are functions of the pair.
         pair_first, pair_codes = _few_distinct(
-            comm.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ _func_key(recs), limit=32
+            comm.astype(np.uint64, copy=False) * np.uint64(0x9E3779B97F4A7C15) ^ _func_key(recs), limit=32
         )
         comm_values = comm[pair_first].tolist()
         if any(int(c) not in self.roles for c in comm_values):
@@ -526,10 +527,10 @@ class LiveSteps:
         rows, steps = out["rows"], out["steps"]
         ok = steps >= 0
         if only_pid is not None and len(steps) and steps[0] >= 0:  # steps never decrease: all are >= 0
-            self._add_bytes(only_pid, steps, (rows & _BYTES_MASK).astype(np.int64))
+            self._add_bytes(only_pid, steps, (rows & _BYTES_MASK).astype(np.int64, copy=False))
         elif ok.any():
-            pids = (rows[ok] >> _PID_SHIFT).astype(np.int64)
-            nbytes = (rows[ok] & _BYTES_MASK).astype(np.int64)
+            pids = (rows[ok] >> _PID_SHIFT).astype(np.int64, copy=False)
+            nbytes = (rows[ok] & _BYTES_MASK).astype(np.int64, copy=False)
             step_ids = steps[ok]
             firsts, codes = _few_distinct(pids)
             for code, pid in enumerate(pids[firsts].tolist()):
