@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import polars as pl
 
+from comminsight.agent.server import _step_metrics
 from comminsight.agent.steps import LiveSteps
 from comminsight.formats import header
 from comminsight.importers import load
@@ -214,3 +216,25 @@ def test_live_steps_of_an_hsdp_job_without_communicator_names_follow_each_gpus_p
         starts = rows.filter(pl.col("rank") == rank)["start_ns"].to_numpy()
         truth = np.sort(true.filter(pl.col("rank") == rank)["true_ns"].to_numpy())
         assert np.abs(starts[:, None] - truth[None, :]).min(axis=1).max() <= 0.10 * step_ns
+
+
+def test_a_record_that_comes_behind_the_watermark_is_counted_on_the_steps_view_and_metrics(tmp_path: Path) -> None:
+    records = {101: ddp_records(101, 600), 102: ddp_records(102, 600)}
+    # One all-reduce of GPU 101, well after the warm-up, lasts 100 steps: longer than any before it. The plugin
+    # writes records in completion order, so it comes after the 500 records that completed before it.
+    rec = records[101]
+    long_one = 1500
+    rec["gpu_end_ns"][long_one] = rec["gpu_start_ns"][long_one] + 100 * 50_000_000
+    rec["complete_ns"][long_one] = rec["gpu_end_ns"][long_one] + 100_000
+    rec = rec[np.argsort(rec["complete_ns"], kind="stable")]
+    assert rec["seq"][long_one] != long_one  # it moved
+    rec["record_seq"] = np.arange(len(rec))
+    header.seal_records(rec)
+    records[101] = rec
+    steps = fed(tmp_path, batches_of(records, 400), {101: 0, 102: 1})
+    assert steps.view()["late_records"] == 1
+    families = {f.name: f for f in _step_metrics(SimpleNamespace(steps=steps))}
+    assert [s.value for s in families["comminsight_steps_late_records"].samples] == [1]
+
+    on_time = fed(tmp_path / "on-time", batches_of({101: ddp_records(101, 300)}, 400), {101: 0})
+    assert on_time.view()["late_records"] == 0

@@ -152,6 +152,11 @@ def _step_metrics(agent: Agent) -> Iterator[Metric]:
         comm.add_metric([label], s["comm_s"])
         total.add_metric([label], totals.get(key, 0))
     yield from (duration, comm, total)
+    yield CounterMetricFamily(
+        "comminsight_steps_late_records",
+        "Records that came after their writer's later-starting ones were fed: fed out of start order",
+        value=agent.steps.late_records,
+    )
 
 
 _GPU_METRICS = (

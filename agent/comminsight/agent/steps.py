@@ -656,6 +656,7 @@ class LiveSteps:
                     for key in sorted(self.latest)
                 ],
                 "methods": {str(k): v.method for k, v in self.engine.ranks.items() if v.method},
+                "late_records": self.late_records,
             }
 
     # ---- checkpoint ------------------------------------------------------------------------------
